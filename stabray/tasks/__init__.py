@@ -1,0 +1,7 @@
+"""Task registry. Importing this package registers every task."""
+
+from stabray.tasks.base import TASKS, Example, Task, extract_final, get_task, normalize_answer
+from stabray.tasks import clrs  # noqa: F401  (registers the CLRS-Text tasks)
+from stabray.tasks import lego  # noqa: F401  (registers the LEGO tasks)
+
+__all__ = ["TASKS", "Example", "Task", "extract_final", "get_task", "normalize_answer"]

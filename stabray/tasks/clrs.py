@@ -1,0 +1,363 @@
+"""CLRS-Text graph algorithms (Markeeva et al. 2024, CLRS code >= 2.0.2 format).
+
+Sampling, per example, with one seeded RandomState and in this order (design.md §3):
+edge mask `binomial(1, p, (n, n))`, symmetrised for undirected graphs (`mat *= mat.T`, so an edge
+appears with probability p², self-loops possible); weights `uniform(0, 1, (n, n))`, `w *= w.T`,
+`w = sqrt(w + 1e-3)`; `A = mat * w` truncated to `decimals` places *before* the algorithm runs;
+then the source `choice(n)`.
+
+Text: `question = f"{algo}:\\n{inputs}\\n{output_line}:\\n"`, answer = the middle `pi_h` trace
+steps joined by ", ", then " | ", then the final `pi`. The first trace step (the identity) is shown
+as `initial_trace`; the last equals the answer and is not repeated.
+
+Tie-breaking: the next node is the lowest index among the minima. CLRS's own code extracts with an
+unstable `argsort`, so about 1% of its traces differ from ours on ties; ours are deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from stabray.errors import UserError
+from stabray.tasks.base import TASKS, Example, Task
+
+
+def fmt_num(x: float | int) -> str:
+    """Floats with Python str() (0.197, 0.0), integers bare."""
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    return str(float(x))
+
+
+def fmt_vec(v: np.ndarray) -> str:
+    return "[" + " ".join(fmt_num(x) for x in v.tolist()) + "]"
+
+
+def fmt_mat(m: np.ndarray) -> str:
+    return "[" + ", ".join(fmt_vec(row) for row in m) + "]"
+
+
+def truncate(a: np.ndarray, decimals: int) -> np.ndarray:
+    scale = 10.0**decimals
+    return np.trunc(a * scale) / scale
+
+
+def sample_graph(rng: np.random.RandomState, n: int, *, directed: bool, weighted: bool, p: float,
+                 decimals: int) -> np.ndarray:
+    """Adjacency matrix in CLRS's random-number order; weights truncated to `decimals` places."""
+    mat = rng.binomial(1, p, (n, n))
+    if not directed:
+        mat *= mat.T
+    if weighted:
+        w = rng.uniform(0.0, 1.0, (n, n))
+        if not directed:
+            w *= w.T
+        w = np.sqrt(w + 1e-3)
+        return truncate(mat * w, decimals)
+    return mat.astype(np.int64)
+
+
+def dijkstra(A: np.ndarray, s: int) -> list[np.ndarray]:
+    """pi_h after the initial state and after every extraction (CLRS semantics, strict < updates,
+    lowest index among minima)."""
+    n = A.shape[0]
+    d = np.zeros(n)
+    mark = np.zeros(n, dtype=bool)
+    in_queue = np.zeros(n, dtype=bool)
+    pi = np.arange(n)
+    d[s] = 0.0
+    in_queue[s] = True
+    trace = [pi.copy()]
+    while in_queue.any():
+        cand = np.where(in_queue, d, np.inf)
+        u = int(np.flatnonzero(cand == cand.min())[0])
+        in_queue[u] = False
+        mark[u] = True
+        for v in range(n):
+            if A[u, v] != 0 and not mark[v] and (not in_queue[v] or d[u] + A[u, v] < d[v]):
+                pi[v] = u
+                d[v] = d[u] + A[u, v]
+                in_queue[v] = True
+        trace.append(pi.copy())
+    return trace
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    n_nodes: int = 10  # nodes per graph (the paper: 10; length generalization: 11 and 12)
+    p: float = 0.5  # CLRS edge probability before symmetrising (an undirected edge: p**2)
+    decimals: int = 3  # weights truncated to this many decimal places (CLRS-Text: 3)
+
+
+class CLRSTask(Task):
+    """Shared sampling and rendering; subclasses give the algorithm and the graph kind."""
+
+    Params = GraphParams
+    size_field = "n_nodes"
+    algo: str  # name printed in the question
+    directed = False
+    weighted = True
+    has_source = True
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if not 0.0 < self.params.p <= 1.0:
+            raise UserError(f"task {self.name!r}: p must be in (0, 1], got {self.params.p}")
+        if not (isinstance(self.params.decimals, int) and 1 <= self.params.decimals <= 6):
+            raise UserError(f"task {self.name!r}: decimals must be an integer in 1..6, got {self.params.decimals!r}")
+
+    def run(self, A: np.ndarray, s: int) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def sample(self, rng: np.random.RandomState, size: int) -> Example:
+        self.check_size(size)
+        n = int(size)
+        A = sample_graph(rng, n, directed=self.directed, weighted=self.weighted, p=self.params.p,
+                         decimals=self.params.decimals)
+        s = int(rng.choice(n)) if self.has_source else None
+        trace = self.run(A, s)
+        return self.render(A, s, trace)
+
+    def render(self, A: np.ndarray, s: int | None, trace: list[np.ndarray]) -> Example:
+        n = A.shape[0]
+        inputs = [f"s: {s}"] if s is not None else []
+        inputs += [f"A: {fmt_mat(A)}", f"initial_trace: {fmt_vec(trace[0])}"]
+        head = f"{self.algo}:\n{', '.join(inputs)}\n"
+        return Example(
+            question=head + "trace | pi:\n",
+            steps=tuple(fmt_vec(t) for t in trace[1:-1]),
+            final=fmt_vec(trace[-1]),
+            question_nohint=head + "pi:\n",
+            meta={"n": n, "source": s, "A": A.tolist()},
+        )
+
+    def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
+        if not self.has_source:
+            return {}
+
+        def adjacent_to_source(ex: Example) -> str:
+            # "a node's predecessor is the source if they are adjacent, else itself"
+            A, s = np.asarray(ex.meta["A"]), ex.meta["source"]
+            pi = np.arange(A.shape[0])
+            pi[(A[s] != 0) & (pi != s)] = s
+            return fmt_vec(pi)
+
+        def identity(ex: Example) -> str:
+            return fmt_vec(np.arange(ex.meta["n"]))
+
+        return {"pi=s if adjacent to s else v": adjacent_to_source, "pi=identity": identity}
+
+
+@TASKS.register("dijkstra")
+class Dijkstra(CLRSTask):
+    """Single-source shortest paths; one trace step per extraction.
+
+    Example (n_nodes=4; `draw(get_task('dijkstra'), "test", 8, seed=0, size=4)[7]`,
+    question then answer; the answer ends with a blank line):
+
+        dijkstra:
+        s: 3, A: [[0.0 0.0 0.79 0.65], [0.0 0.789 0.36 0.0], [0.79 0.36 0.0 0.0], [0.65 0.0 0.0 0.0]], initial_trace: [0 1 2 3]
+        trace | pi:
+        [3 1 2 3], [3 1 0 3], [3 2 0 3] | [3 2 0 3]
+    """
+
+    name = algo = "dijkstra"
+
+    def run(self, A, s):
+        return dijkstra(A, s)
+
+
+def bellman_ford(A: np.ndarray, s: int) -> list[np.ndarray]:
+    """pi_h at the start of every round, as CLRS probes it: each round relaxes every edge from the
+    previous round's distances; rounds run until `d` stops changing (the last round changes
+    nothing, so its pi_h is the answer)."""
+    n = A.shape[0]
+    d = np.zeros(n)
+    reached = np.zeros(n, dtype=bool)
+    pi = np.arange(n)
+    reached[s] = True
+    trace = []
+    while True:
+        prev_d, prev_reached = d.copy(), reached.copy()
+        trace.append(pi.copy())
+        for u in np.flatnonzero(prev_reached):
+            for v in np.flatnonzero(A[u]):
+                if not reached[v] or prev_d[u] + A[u, v] < d[v]:
+                    d[v] = prev_d[u] + A[u, v]
+                    pi[v] = u
+                reached[v] = True
+        if np.array_equal(d, prev_d):
+            return trace
+
+
+def mst_prim(A: np.ndarray, s: int) -> list[np.ndarray]:
+    """pi_h after the initial state and after every extraction: Dijkstra's loop with the key of a
+    node = the lightest edge to the tree (strict < updates, lowest index among minima)."""
+    n = A.shape[0]
+    key = np.zeros(n)
+    mark = np.zeros(n, dtype=bool)
+    in_queue = np.zeros(n, dtype=bool)
+    pi = np.arange(n)
+    in_queue[s] = True
+    trace = [pi.copy()]
+    while in_queue.any():
+        cand = np.where(in_queue, key, np.inf)
+        u = int(np.flatnonzero(cand == cand.min())[0])
+        in_queue[u] = False
+        mark[u] = True
+        for v in range(n):
+            if A[u, v] != 0 and not mark[v] and (not in_queue[v] or A[u, v] < key[v]):
+                pi[v] = u
+                key[v] = A[u, v]
+                in_queue[v] = True
+        trace.append(pi.copy())
+    return trace
+
+
+def bfs(A: np.ndarray, s: int) -> list[np.ndarray]:
+    """pi_h at the start of every level, as CLRS probes it; a node's parent is the lowest-index
+    node of the previous frontier adjacent to it. The last level adds nothing (pi_h = the answer)."""
+    n = A.shape[0]
+    reach = np.zeros(n, dtype=bool)
+    pi = np.arange(n)
+    reach[s] = True
+    trace = []
+    while True:
+        prev = reach.copy()
+        trace.append(pi.copy())
+        for i in np.flatnonzero(prev):  # ascending: the lowest-index parent claims j first
+            for j in np.flatnonzero(A[i]):
+                if pi[j] == j and j != s:
+                    pi[j] = i
+                reach[j] = True
+        if np.array_equal(reach, prev):
+            return trace
+
+
+def dfs(A: np.ndarray) -> list[np.ndarray]:
+    """pi_h at CLRS's probe points: when a root is picked, when a node is discovered, when a tree
+    edge is taken and when a node finishes; roots in index order, out-neighbours ascending.
+    That is one push per root + one per tree edge (roots + tree edges = n) + 2 per node: 3n.
+
+    CLRS walks an explicit stack (`s_prev`); the recursion below visits nodes in the same order
+    and pushes at the same points, so the traces are identical."""
+    n = A.shape[0]
+    visited = np.zeros(n, dtype=bool)
+    pi = np.arange(n)
+    trace: list[np.ndarray] = []
+
+    def visit(u: int) -> None:
+        visited[u] = True
+        trace.append(pi.copy())  # discovered
+        for v in np.flatnonzero(A[u]):
+            if not visited[v]:
+                pi[v] = u
+                trace.append(pi.copy())  # tree edge u -> v
+                visit(int(v))
+        trace.append(pi.copy())  # finished
+
+    for r in range(n):
+        if not visited[r]:
+            trace.append(pi.copy())  # new root
+            visit(r)
+    return trace
+
+
+@TASKS.register("bellman_ford")
+class BellmanFord(CLRSTask):
+    """Single-source shortest paths; one trace step per round of relaxing every edge.
+
+    Example (n_nodes=4; `draw(get_task('bellman_ford'), "test", 8, seed=0, size=4)[7]`,
+    question then answer; the answer ends with a blank line):
+
+        bellman_ford:
+        s: 3, A: [[0.0 0.0 0.79 0.65], [0.0 0.789 0.36 0.0], [0.79 0.36 0.0 0.0], [0.65 0.0 0.0 0.0]], initial_trace: [0 1 2 3]
+        trace | pi:
+        [3 1 2 3], [3 1 0 3] | [3 2 0 3]
+    """
+
+    name = algo = "bellman_ford"
+
+    def run(self, A, s):
+        return bellman_ford(A, s)
+
+
+@TASKS.register("mst_prim", aliases=("prim",))
+class MSTPrim(CLRSTask):
+    """Minimum spanning tree of the source's component; one trace step per extraction.
+
+    Example (n_nodes=4; `draw(get_task('mst_prim'), "test", 6, seed=0, size=4)[5]`,
+    question then answer; the answer ends with a blank line):
+
+        mst_prim:
+        s: 3, A: [[0.0 0.161 0.0 0.0], [0.161 0.269 0.0 0.914], [0.0 0.0 0.945 0.446], [0.0 0.914 0.446 0.0]], initial_trace: [0 1 2 3]
+        trace | pi:
+        [0 3 3 3], [0 3 3 3], [1 3 3 3] | [1 3 3 3]
+    """
+
+    name = algo = "mst_prim"
+
+    def run(self, A, s):
+        return mst_prim(A, s)
+
+
+@TASKS.register("bfs")
+class BFS(CLRSTask):
+    """Breadth-first search on an undirected 0/1 graph; one trace step per level.
+
+    Example (n_nodes=4; `draw(get_task('bfs'), "test", 4, seed=0, size=4)[3]`,
+    question then answer; the answer ends with a blank line):
+
+        bfs:
+        s: 2, A: [[1 1 1 1], [1 0 0 1], [1 0 0 0], [1 1 0 0]], initial_trace: [0 1 2 3]
+        trace | pi:
+        [2 1 2 3] | [2 0 2 0]
+    """
+
+    name = algo = "bfs"
+    weighted = False
+
+    def run(self, A, s):
+        return bfs(A, s)
+
+
+@TASKS.register("dfs")
+class DFS(CLRSTask):
+    """Depth-first forest of a directed 0/1 graph, no source; exactly 3 trace arrays per node
+    (T = 3n: root picked or tree edge taken, node discovered, node finished), many repeated.
+
+    Example (n_nodes=3; `draw(get_task('dfs'), "test", 3, seed=0, size=3)[2]`,
+    question then answer; the answer ends with a blank line):
+
+        dfs:
+        A: [[0 0 1], [1 0 1], [0 1 1]], initial_trace: [0 1 2]
+        trace | pi:
+        [0 1 2], [0 1 0], [0 1 0], [0 2 0], [0 2 0], [0 2 0], [0 2 0] | [0 2 0]
+    """
+
+    name = algo = "dfs"
+    directed = True
+    weighted = False
+    has_source = False
+
+    def run(self, A, s):
+        return dfs(A)
+
+    def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
+        def first_in_neighbour(ex: Example) -> str:
+            # "a node's predecessor is its lowest-index in-neighbour below it, else itself"
+            A = np.asarray(ex.meta["A"])
+            pi = np.arange(A.shape[0])
+            for v in range(A.shape[0]):
+                below = np.flatnonzero(A[:v, v])
+                if below.size:
+                    pi[v] = below[0]
+            return fmt_vec(pi)
+
+        def identity(ex: Example) -> str:
+            return fmt_vec(np.arange(ex.meta["n"]))
+
+        return {"pi=lowest in-neighbour below v": first_in_neighbour, "pi=identity": identity}

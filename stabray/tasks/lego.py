@@ -1,0 +1,182 @@
+"""LEGO state tracking (Zhang et al. 2022, "Unveiling Transformers with LEGO"), as text chain of thought.
+
+A chain of k variables: the root gets a constant (`a = 4`), every other variable is a group element
+applied to its parent (`b = a + 2`). The clauses are shown in a random order, so the model must
+find the chain; variable names are distinct random letters (`n` is never a name: it marks an
+unknown value).
+
+Question: `f"{name}:\\nvars: [b e k ...], clauses: k = e + 3; b = 4; e = b + 0; ...\\ntrace | values:\\n"`.
+`vars` lists the names in alphabetical order, which is the order of every state vector. Step j
+(j = 1..k) is the state once the first j variables of the chain are known, e.g. `[4 n n]`, `[4 4 n]`;
+the last state (every value known) is the final answer and is not repeated as a step, so there
+are k - 1 steps. Without hints the output line is `values`.
+
+Groups:
+- cyclic: Z6. Values 0..5; an operation is a shift `x + a` (mod 6), a uniform in 0..5.
+- symmetry: S5, values are permutations. A permutation of 1..5 is written in one-line notation as
+  5 digits with no spaces (`31452` maps 1->3, 2->1, 3->4, 4->5, 5->2), so each value is one token;
+  using 1..5 rather than 0..4 avoids leading zeros. The root is a uniform permutation and an
+  operation `y = 21453 * x` composes a uniform permutation s after x: y(i) = s(x(i)).
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from stabray.errors import UserError
+from stabray.tasks.base import TASKS, Example, Task
+
+NAMES = tuple(c for c in string.ascii_lowercase if c != "n")  # "n" marks an unknown value
+UNKNOWN = "n"
+PERMS = [tuple(p) for p in itertools.permutations(range(1, 6))]  # S5 in lexicographic order
+
+
+def fmt_perm(p: tuple[int, ...]) -> str:
+    return "".join(str(x) for x in p)
+
+
+def parse_perm(text: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in text)
+
+
+def compose(s: tuple[int, ...], x: tuple[int, ...]) -> tuple[int, ...]:
+    """s after x: (s * x)(i) = s(x(i)), on 1-based one-line notation."""
+    return tuple(s[xi - 1] for xi in x)
+
+
+@dataclass(frozen=True)
+class LegoParams:
+    n_vars: int = 8  # variables in the chain (the paper: 8; length generalization: 9 and 10)
+
+
+class LegoTask(Task):
+    """Shared sampling and rendering; subclasses give the group."""
+
+    Params = LegoParams
+    size_field = "n_vars"
+    max_size = len(NAMES)  # one distinct letter per variable
+
+    def check_size(self, size: int) -> None:
+        super().check_size(size)
+        if size > self.max_size:
+            raise UserError(f"task {self.name!r}: {self.size_field} must be <= {self.max_size} "
+                            f"(one letter per variable), got {size!r}")
+
+    # group hooks: a random root value, a random operation, apply, and text
+    def random_value(self, rng: np.random.RandomState):
+        raise NotImplementedError
+
+    def random_op(self, rng: np.random.RandomState):
+        raise NotImplementedError
+
+    def apply(self, op, x):
+        raise NotImplementedError
+
+    def fmt_value(self, x) -> str:
+        raise NotImplementedError
+
+    def fmt_clause(self, y: str, op, x: str) -> str:
+        raise NotImplementedError
+
+    def sample(self, rng: np.random.RandomState, size: int) -> Example:
+        self.check_size(size)
+        k = int(size)
+        chain = [NAMES[i] for i in rng.choice(len(NAMES), k, replace=False)]  # dependency order
+        values = [self.random_value(rng)]
+        clauses = [f"{chain[0]} = {self.fmt_value(values[0])}"]
+        for j in range(1, k):
+            op = self.random_op(rng)
+            values.append(self.apply(op, values[-1]))
+            clauses.append(self.fmt_clause(chain[j], op, chain[j - 1]))
+        shown = [clauses[i] for i in rng.permutation(k)]
+        names = sorted(chain)
+        value_of = {v: self.fmt_value(x) for v, x in zip(chain, values)}
+        known: set[str] = set()
+        states = []
+        for v in chain:
+            known.add(v)
+            states.append("[" + " ".join(value_of[u] if u in known else UNKNOWN for u in names) + "]")
+        head = f"{self.name}:\nvars: [{' '.join(names)}], clauses: {'; '.join(shown)}\n"
+        return Example(
+            question=head + "trace | values:\n",
+            steps=tuple(states[:-1]),
+            final=states[-1],
+            question_nohint=head + "values:\n",
+            meta={"n": k, "chain": chain, "values": [value_of[v] for v in chain]},
+        )
+
+    def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
+        def root_everywhere(ex: Example) -> str:
+            # "every variable equals the constant given to the root"
+            return "[" + " ".join([ex.meta["values"][0]] * ex.meta["n"]) + "]"
+
+        return {"every value = the root's constant": root_everywhere}
+
+
+@TASKS.register("lego_cyclic")
+class LegoCyclic(LegoTask):
+    """LEGO over Z6: values 0..5, operations are shifts mod 6.
+
+    Example (n_vars=4; `draw(get_task('lego_cyclic'), "test", 1, seed=0, size=4)[0]`,
+    question then answer; the answer ends with a blank line):
+
+        lego_cyclic:
+        vars: [f i s v], clauses: v = s + 2; i = f + 0; f = 3; s = i + 3
+        trace | values:
+        [3 n n n], [3 3 n n], [3 3 0 n] | [3 3 0 2]
+    """
+
+    name = "lego_cyclic"
+    modulus = 6
+
+    def random_value(self, rng):
+        return int(rng.randint(self.modulus))
+
+    def random_op(self, rng):
+        return int(rng.randint(self.modulus))
+
+    def apply(self, op, x):
+        return (x + op) % self.modulus
+
+    def fmt_value(self, x) -> str:
+        return str(x)
+
+    def fmt_clause(self, y, op, x) -> str:
+        return f"{y} = {x} + {op}"
+
+
+@TASKS.register("lego_symmetry")
+class LegoSymmetry(LegoTask):
+    """LEGO over S5: values are permutations of 1..5 written as 5 digits, operations compose a
+    permutation after the parent's value.
+
+    Example (n_vars=3; `draw(get_task('lego_symmetry'), "test", 1, seed=0, size=3)[0]`,
+    question then answer; the answer ends with a blank line):
+
+        lego_symmetry:
+        vars: [o q w], clauses: w = 51234; q = 32514 * w; o = 12534 * q
+        trace | values:
+        [n n 51234], [n 43251 51234] | [35241 43251 51234]
+    """
+
+    name = "lego_symmetry"
+
+    def random_value(self, rng):
+        return PERMS[rng.randint(len(PERMS))]
+
+    def random_op(self, rng):
+        return PERMS[rng.randint(len(PERMS))]
+
+    def apply(self, op, x):
+        return compose(op, x)
+
+    def fmt_value(self, x) -> str:
+        return fmt_perm(x)
+
+    def fmt_clause(self, y, op, x) -> str:
+        return f"{y} = {fmt_perm(op)} * {x}"
