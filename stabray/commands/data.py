@@ -1,0 +1,78 @@
+"""`python -m stabray data TASK --split test --n 200 --out F.jsonl`: write examples as JSON lines.
+
+Each line has `question`, `steps` (list of strings), `final`, `answer` (the full answer text with
+every step, exactly as SFT-CoT trains on it), `question_nohint` and `meta` (the generator's inputs,
+e.g. the adjacency matrix and source). Without `--size` the split is the one training and
+evaluation use for that seed (train excludes every question of the default evaluation splits);
+with `--size` it is drawn at that size (train then excludes that size's val and test questions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from stabray.errors import UserError
+
+SPLITS = ("train", "val", "test", "test_long", "test_longer")
+
+
+def parse_params(items: list[str]) -> dict:
+    """key=value pairs; values are parsed as JSON when they can be (10, 0.5, true), else strings."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--param expects key=value, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def examples(task, split: str, n: int, seed: int, size: int | None):
+    from stabray.data.splits import DEFAULT_SIZES, draw, make_splits
+
+    if size is None:
+        # train: exactly the training split a sweep uses (it excludes the default eval splits)
+        return make_splits(task, {split: n}, seed, splits=(split,) if split != "train" else SPLITS)[split]
+    exclude: set[str] = set()
+    if split == "train":
+        for s in ("val", "test"):
+            exclude.update(e.question for e in draw(task, s, DEFAULT_SIZES[s], seed, size))
+    return draw(task, split, n, seed, size, exclude=exclude)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stabray.tasks import get_task
+
+    task = get_task(args.task, **parse_params(args.param))
+    exs = examples(task, args.split, args.n, args.seed, args.size)
+    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
+    try:
+        for e in exs:
+            out.write(json.dumps({**e.to_record(), "meta": e.meta}) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    size = args.size if args.size is not None else exs[0].meta.get("n")
+    print(f"wrote {len(exs)} {task.name} examples ({args.split}, {task.size_field}={size}, seed {args.seed}) "
+          f"to {args.out if args.out != '-' else 'stdout'}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("data", help="write a task's examples as JSON lines", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("task", help="task name (see `python -m stabray tasks`)")
+    p.add_argument("--split", choices=SPLITS, default="test", help="which split (default test)")
+    p.add_argument("--n", type=int, default=200, help="number of examples (default 200)")
+    p.add_argument("--out", default="-", help="output .jsonl file ('-' = stdout, the default)")
+    p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0, as in sweeps)")
+    p.add_argument("--size", type=int, default=None,
+                   help="input size (nodes / variables) to draw at, overriding the split's own")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="task generator parameter, e.g. n_nodes=5 or p=0.3 (repeatable)")
+    p.set_defaults(func=run)
