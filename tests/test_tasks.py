@@ -319,3 +319,34 @@ def test_lego_golden_text():
     assert ex.question == ("lego_cyclic:\nvars: [f i s v], clauses: v = s + 2; i = f + 0; f = 3; s = i + 3\n"
                            "trace | values:\n")
     assert ex.answer == "[3 n n n], [3 3 n n], [3 3 0 n] | [3 3 0 2]\n\n"
+
+
+# ---------------------------------------------------------------- commands
+
+
+def test_tasks_command_lists_every_task(capsys):
+    from stabray.cli import main
+
+    assert main(["tasks", "--n", "5"]) == 0
+    out = capsys.readouterr().out
+    for name in ALL_TASKS:
+        assert f"\n{name}" in "\n" + out
+    assert "(alias: prim)" in out and "n_vars" in out and "12" in out
+
+
+def test_data_command_writes_json_lines(tmp_path, capsys):
+    import json
+
+    from stabray.cli import main
+
+    out = tmp_path / "d.jsonl"
+    assert main(["data", "prim", "--split", "test_long", "--n", "7", "--out", str(out), "--seed", "3"]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 7 and all(r["meta"]["n"] == 11 for r in recs)
+    expected = draw(get_task("mst_prim"), "test_long", 7, seed=3, size=11)
+    assert [r["answer"] for r in recs] == [e.answer for e in expected]
+    assert set(recs[0]) >= {"question", "steps", "final", "answer"}
+    assert main(["data", "lego_cyclic", "--n", "3", "--size", "5", "--out", str(out)]) == 0
+    assert all(len(parse_vec(json.loads(line)["final"])) == 5 for line in out.read_text().splitlines())
+    assert main(["data", "dfs", "--param", "n_nodes=1", "--out", str(out)]) == 2
+    assert "n_nodes" in capsys.readouterr().err
