@@ -10,6 +10,11 @@ Text: `question = f"{algo}:\\n{inputs}\\n{output_line}:\\n"`, answer = the middl
 steps joined by ", ", then " | ", then the final `pi`. The first trace step (the identity) is shown
 as `initial_trace`; the last equals the answer and is not repeated.
 
+Trace points (CLRS's `pi_h` probes; mean steps at n = 10 in brackets): dijkstra and mst_prim, one
+per extraction [~7.8]; bellman_ford, one per round of relaxing every edge from the previous round's
+distances [~2.5]; bfs, one per level [~2.1]; dfs (directed, no source), one when a root is picked or
+a tree edge taken, one when a node is discovered, one when it finishes: exactly 3n [28].
+
 Tie-breaking: the next node is the lowest index among the minima. CLRS's own code extracts with an
 unstable `argsort`, so about 1% of its traces differ from ours on ties; ours are deterministic.
 """
