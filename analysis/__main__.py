@@ -1,0 +1,3 @@
+from analysis.cli import main
+
+raise SystemExit(main())

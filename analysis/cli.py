@@ -1,0 +1,70 @@
+"""Argument parsing for `python -m analysis` and, through `register`, `python -m stabray report`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiment", required=True, help="MLflow experiment = sweep name, e.g. dijkstra")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or MLflow's default); "
+                        "use an absolute sqlite path, sqlite:////abs/mlflow.db")
+
+
+def _report(args) -> int:
+    from analysis.report import build_report
+
+    build_report(args.experiment, args.tracking_uri, args.ray_dir, args.out, log_to_mlflow=not args.no_log)
+    return 0
+
+
+def _rerun(args) -> int:
+    from analysis.rerun import rerun
+
+    rerun(args.experiment, args.tracking_uri, args.seeds, args.storage, args.ray_dir, args.dry_run)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add the `report` subcommand (sets `func(args) -> int`)."""
+    p = subparsers.add_parser("report", help="write every table and figure of a sweep into a folder")
+    _common(p)
+    p.add_argument("--ray-dir", default=None, help="read a Ray Tune experiment dir instead of MLflow")
+    p.add_argument("--out", default=None, help="output folder (default ./reports/<experiment>)")
+    p.add_argument("--no-log", action="store_true", help="do not log the folder to the sweep's parent run")
+    p.set_defaults(func=_report)
+
+
+def register_rerun(subparsers) -> None:
+    """Add the `rerun` subcommand: the selected configurations with n seeds."""
+    p = subparsers.add_parser("rerun", help="re-run each (task, method)'s selected configuration with n seeds")
+    _common(p)
+    p.add_argument("--seeds", type=int, default=3, help="seeds per configuration in total (paper: 3)")
+    p.add_argument("--storage", default=None, help="Ray Tune storage path")
+    p.add_argument("--ray-dir", default=None, help="select from a Ray Tune experiment dir instead of MLflow")
+    p.add_argument("--dry-run", action="store_true", help="print the plan only")
+    p.set_defaults(func=_rerun)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description="tables and figures from logged trials")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    register(sub)
+    register_rerun(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as e:
+        from stabray.errors import UserError
+
+        if isinstance(e, UserError):
+            import sys
+
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise

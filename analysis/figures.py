@@ -1,0 +1,142 @@
+"""Figures as PNG (matplotlib, Agg). Every function writes its file, with a "no data" note when
+there is nothing to plot, and returns the path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import polars as pl  # noqa: E402
+
+from analysis.select import seeds_of, select_best  # noqa: E402
+from analysis.tables import PAPER_METHODS, TASK_ORDER, _ordered, method_label, task_label  # noqa: E402
+
+DPI = 120
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _no_data(path: Path, title: str, why: str) -> Path:
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
+    return _save(fig, path)
+
+
+def _colors(keys: list[str]) -> dict[str, str]:
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {k: cycle[i % len(cycle)] for i, k in enumerate(keys)}
+
+
+def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Path:
+    """Figure 2 style: loss gap (left axis, solid) and bound (right axis, dashed, log if it spans
+    decades) against T, one panel per task, one colour per method; mean over the selected
+    configuration's seeds."""
+    title = "Loss gap and bound of eq. (4) against T"
+    selected = select_best(trials)
+    if decomp.is_empty() or selected.is_empty():
+        return _no_data(path, title, "no stability decomposition logged")
+    seeds = seeds_of(trials, selected).select(["task", "method", "trial_id"])
+    rows = decomp.drop(["task", "method"]).join(seeds, on="trial_id", how="inner")
+    if rows.is_empty():
+        return _no_data(path, title, "no decomposition for the selected configurations")
+    curves = rows.group_by(["task", "method", "T"]).agg(pl.col("loss_gap").mean(), pl.col("bound").mean())
+    tasks = _ordered(curves["task"].to_list(), TASK_ORDER)
+    meths = _ordered(curves["method"].to_list(), PAPER_METHODS)
+    colors = _colors(meths)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        ax2 = ax.twinx()
+        bounds = []
+        for m in meths:
+            c = curves.filter((pl.col("task") == task) & (pl.col("method") == m)).sort("T")
+            if c.is_empty():
+                continue
+            ax.plot(c["T"], c["loss_gap"], "-o", color=colors[m], label=f"{method_label(m)} gap")
+            ax2.plot(c["T"], c["bound"], "--s", color=colors[m], alpha=0.7, label=f"{method_label(m)} bound")
+            bounds += [b for b in c["bound"].to_list() if b is not None and b > 0]
+        if bounds and max(bounds) / min(bounds) > 100:
+            ax2.set_yscale("log")
+        ax.set_title(task_label(task))
+        ax.set_xlabel("T (reasoning steps)")
+        ax.set_ylabel("loss gap (solid)")
+        ax2.set_ylabel("bound, eq. (4) (dashed)")
+    handles = [plt.Line2D([], [], color=colors[m], label=method_label(m)) for m in meths]
+    fig.legend(handles=handles, loc="upper center", ncol=len(meths), bbox_to_anchor=(0.5, 1.08), frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Path:
+    """Figure 4 style: EAF (left panel) and loss gap (right panel) against a swept param; every
+    finished trial is a dot, the line joins the means per value, one colour per task."""
+    title = f"EAF against {xlabel}"
+    df = trials.filter(pl.col(param).is_not_null() & (pl.col("status").is_null() | (pl.col("status") == "FINISHED")))
+    panels = [(y, lab) for y, lab in (("eaf_value", "error amplification factor Σρ"), ("loss_gap", "loss gap"))
+              if df[y].drop_nulls().len() > 0]
+    if df.is_empty() or not panels or df[param].n_unique() < 1:
+        return _no_data(path, title, f"no finished trial logged both `{param}` and an EAF or loss gap")
+    tasks = _ordered(df["task"].to_list(), TASK_ORDER)
+    colors = _colors(tasks)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
+    for ax, (y, ylabel) in zip(axes[0], panels):
+        for task in tasks:
+            d = df.filter((pl.col("task") == task) & pl.col(y).is_not_null())
+            if d.is_empty():
+                continue
+            ax.scatter(d[param], d[y], color=colors[task], alpha=0.4, s=14)
+            mean = d.group_by(param).agg(pl.col(y).mean()).sort(param)
+            ax.plot(mean[param], mean[y], "-o", color=colors[task], label=task_label(task))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if param == "bits":
+            ax.set_xscale("log", base=2)
+            ticks = sorted(df[param].unique().to_list())
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
+    """Test accuracy against EAF, one dot per finished trial, one colour per method."""
+    title = "Test accuracy against EAF per trial"
+    df = trials.filter(pl.col("test_acc").is_not_null() & pl.col("eaf_value").is_not_null())
+    if df.is_empty():
+        return _no_data(path, title, "no trial logged both test_acc and an EAF")
+    meths = _ordered(df["method"].to_list(), PAPER_METHODS)
+    colors = _colors(meths)
+    scale = 1.0 if df["test_acc"].max() > 1.0 else 100.0
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for m in meths:
+        d = df.filter(pl.col("method") == m)
+        ax.scatter(d["eaf_value"], d["test_acc"] * scale, color=colors[m], label=method_label(m), alpha=0.7, s=18)
+    v = df["eaf_value"].filter(df["eaf_value"] > 0)
+    if len(v) and v.max() / v.min() > 100:
+        ax.set_xscale("log")
+    ax.set_xlabel("error amplification factor Σρ")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def all_figures(trials: pl.DataFrame, decomp: pl.DataFrame, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    return [
+        gap_and_bound(trials, decomp, out / "fig2_gap_bound_vs_T.png"),
+        eaf_against(trials, "lam", out / "fig4_eaf_vs_lambda.png", "compression factor λ"),
+        eaf_against(trials, "bits", out / "fig4_eaf_vs_bits.png", "QAT bit-width"),
+        accuracy_vs_eaf(trials, out / "acc_vs_eaf.png"),
+    ]

@@ -1,0 +1,47 @@
+"""One command: every table and figure into a folder, logged to the sweep's parent run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.figures import all_figures
+from analysis.load import load
+from analysis.tables import all_tables, table1
+
+
+def build_report(
+    experiment: str,
+    tracking_uri: str | None = None,
+    ray_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    log_to_mlflow: bool = True,
+) -> Path:
+    """Write tables (md, tex, csv), figures (png) and an index README.md into `out`
+    (default ./reports/<experiment>); from MLflow, also log the folder to the parent run."""
+    out = Path(out or Path("reports") / experiment)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = load(experiment, tracking_uri, ray_dir)
+    trials, decomp = loaded.trials, loaded.decomposition
+    tables = all_tables(trials, decomp)
+    figures = all_figures(trials, decomp, out)
+    for t in tables:
+        t.write(out)
+    source = f"Ray Tune dir `{ray_dir}`" if ray_dir else f"MLflow `{tracking_uri or 'default'}`"
+    n_ok = trials.filter(trials["status"] == "FINISHED").height if trials.height else 0
+    lines = [f"# Report: {experiment}", "",
+             f"Source: {source}; {trials.height} trials ({n_ok} finished), "
+             f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition.", "",
+             table1(trials).to_markdown(), "", "## Files", ""]
+    lines += [f"- `{t.name}.md|tex|csv`: {t.caption}" + (f" ({t.note})" if t.note else "") for t in tables]
+    lines += [f"- `{p.name}`" for p in figures]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    trials.drop("config_key").write_csv(out / "trials.csv", null_value="")
+    if log_to_mlflow and ray_dir is None:
+        if loaded.parent_run_id is None:
+            print(f"warning: experiment {experiment!r} has no parent run (tag stabray.role=sweep); report not logged")
+        else:
+            import mlflow
+
+            mlflow.MlflowClient(tracking_uri=tracking_uri).log_artifacts(loaded.parent_run_id, str(out), "report")
+    print(f"report: wrote {len(tables)} tables and {len(figures)} figures to {out}")
+    return out

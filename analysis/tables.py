@@ -1,0 +1,346 @@
+"""The paper's tables from a trial frame (and the per-T decomposition frame).
+
+Each builder returns a `Table`: `display` holds the formatted cells (strings, "–" when missing)
+that Markdown and LaTeX render; `data` holds the numbers at full precision, in tidy form, for CSV
+(missing = empty). A table without any data is still a `Table`, with a `note` saying why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from analysis.select import GROUP, mean_std, seeds_of, select_best
+
+MISSING = "–"  # en dash; LaTeX gets "--"
+
+# Paper order first; anything else found in the data follows, sorted.
+PAPER_METHODS = ["no_cot", "sft_cot", "implicit_cot", "coconut", "nso", "alg1"]
+METHOD_LABELS = {
+    "no_cot": "No CoT", "sft_cot": "SFT-CoT", "implicit_cot": "Implicit CoT", "coconut": "Coconut",
+    "nso": "NSO", "alg1": "Algorithm 1", "mtp": "MTP",
+}
+TASK_ORDER = ["dijkstra", "bellman_ford", "mst_prim", "bfs", "dfs", "lego_cyclic", "lego_symmetry"]
+TASK_LABELS = {
+    "dijkstra": "Dijkstra", "bellman_ford": "Bellman-Ford", "mst_prim": "Prim", "bfs": "BFS", "dfs": "DFS",
+    "lego_cyclic": "Cyclic", "lego_symmetry": "Symmetry",
+}
+REFERENCE_METHOD = "sft_cot"  # EAF reduction factors are relative to SFT-CoT
+# Table 5 always shows these when present, then any other param that varied across trials.
+HPARAMS = ["bits", "optimizer", "lr", "lora_rank", "lam", "latent_steps", "sigma"]
+HPARAM_LABELS = {"bits": "Bits", "optimizer": "Optimizer", "lr": "Learning rate", "lora_rank": "LoRA rank",
+                 "lam": "λ", "latent_steps": "Latent steps k", "sigma": "σ"}
+NOT_HPARAMS = {"task", "method", "seed", "model", "task_version", "trial_id", "run_id", "status", "config_key"}
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str  # file stem
+    caption: str
+    display: pl.DataFrame  # strings only
+    data: pl.DataFrame  # numbers, for CSV
+    note: str = ""  # set when data is missing
+
+    def to_markdown(self) -> str:
+        head = f"**{self.caption}**\n\n"
+        note = f"\n_{self.note}_\n" if self.note else ""
+        if self.display.width == 0:
+            return head + note
+        cols = self.display.columns
+        cell = lambda s: str(s).replace("|", r"\|")  # noqa: E731
+        lines = ["| " + " | ".join(cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in self.display.iter_rows()]
+        return head + "\n".join(lines) + "\n" + note
+
+    def to_latex(self) -> str:
+        cols = self.display.columns
+        out = ["\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(self.caption)}}}",
+               f"\\label{{tab:{self.name}}}"]
+        if cols:
+            out += [f"\\begin{{tabular}}{{l{'c' * (len(cols) - 1)}}}", "\\toprule",
+                    " & ".join(latex_escape(c) for c in cols) + " \\\\", "\\midrule"]
+            out += [" & ".join(latex_escape(v) for v in row) + " \\\\" for row in self.display.iter_rows()]
+            out += ["\\bottomrule", "\\end{tabular}"]
+        if self.note:
+            out.append(f"\\par\\smallskip\\footnotesize {latex_escape(self.note)}")
+        out.append("\\end{table}")
+        return "\n".join(out) + "\n"
+
+    def to_csv(self) -> str:
+        return self.data.write_csv(null_value="") if self.data.width else ""
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for ext, text in (("md", self.to_markdown()), ("tex", self.to_latex()), ("csv", self.to_csv())):
+            p = out / f"{self.name}.{ext}"
+            p.write_text(text)
+            paths.append(p)
+        return paths
+
+
+# LaTeX special characters, and the non-ASCII symbols the tables use.
+_LATEX = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+    "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "–": "--", "±": r"\ensuremath{\pm}",
+    "×": r"\ensuremath{\times}", "Σ": r"\ensuremath{\Sigma}", "ρ": r"\ensuremath{\rho}",
+    "ε": r"\ensuremath{\varepsilon}", "λ": r"\ensuremath{\lambda}", "σ": r"\ensuremath{\sigma}",
+}
+
+
+def latex_escape(text: object) -> str:
+    return "".join(_LATEX.get(ch, ch) for ch in str(text))
+
+
+# ----------------------------------------------------------------------------------- formatting
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))
+
+
+def fmt_num(x) -> str:
+    """3 significant digits; scientific beyond 1e4 or below 1e-2."""
+    if _missing(x):
+        return MISSING
+    if isinstance(x, int):
+        return str(x)
+    ax = abs(x)
+    if ax != 0 and (ax >= 1e4 or ax < 1e-2):
+        return f"{x:.1e}"
+    return f"{x:.3g}"
+
+
+def fmt_pm(mean, std, scale: float = 1.0) -> str:
+    """`mean ± std`, one decimal; the mean alone with one seed (std null)."""
+    if _missing(mean):
+        return MISSING
+    if _missing(std):
+        return f"{mean * scale:.1f}"
+    return f"{mean * scale:.1f} ± {std * scale:.1f}"
+
+
+def _pct_scale(values: pl.Series) -> float:
+    """Accuracies are logged as fractions; values above 1 are taken as percent already."""
+    v = values.drop_nulls()
+    return 1.0 if len(v) and v.max() > 1.0 else 100.0
+
+
+def _ordered(values, order: Sequence[str]) -> list[str]:
+    vals = {v for v in values if v is not None}
+    return [v for v in order if v in vals] + sorted(vals - set(order))
+
+
+def method_label(m: str) -> str:
+    return METHOD_LABELS.get(m, m)
+
+
+def task_label(t: str) -> str:
+    return TASK_LABELS.get(t, t)
+
+
+def _empty(name: str, caption: str, note: str, columns: Sequence[str] = ()) -> Table:
+    display = pl.DataFrame({c: [] for c in columns}, schema={c: pl.Utf8 for c in columns})
+    return Table(name, caption, display, pl.DataFrame(), note)
+
+
+# ----------------------------------------------------------------------------------- Table 1
+
+
+def table1(
+    trials: pl.DataFrame,
+    metric: str = "test_acc",
+    name: str = "table1_accuracy",
+    caption: str | None = None,
+    methods: Sequence[str] = PAPER_METHODS,
+) -> Table:
+    """Test accuracy (%) mean ± std over the seeds of each (task, method)'s selected configuration.
+    Rows: the paper's methods plus any other method logged; columns: the tasks logged."""
+    caption = caption or f"Test accuracy (%) from `{metric}`, mean ± sample std (ddof=1) over seeds"
+    tasks = _ordered(trials["task"].to_list(), TASK_ORDER)
+    meths = _ordered(list(methods) + trials["method"].to_list(), list(methods))
+    stats = mean_std(trials, select_best(trials), metric)
+    if not tasks:
+        return _empty(name, caption, "No trials logged.", ["Method"])
+    scale = _pct_scale(stats["mean"]) if len(stats) else 100.0
+    cell = {(r["task"], r["method"]): r for r in stats.iter_rows(named=True)}
+    display = {"Method": [method_label(m) for m in meths]}
+    for t in tasks:
+        display[task_label(t)] = [fmt_pm(cell[(t, m)]["mean"], cell[(t, m)]["std"], scale) if (t, m) in cell
+                                  else MISSING for m in meths]
+    data = pl.DataFrame(
+        [{"task": t, "method": m, "mean_pct": cell[(t, m)]["mean"] * scale if (t, m) in cell else None,
+          "std_pct": (cell[(t, m)]["std"] * scale if (t, m) in cell and cell[(t, m)]["std"] is not None else None),
+          "n_seeds": cell[(t, m)]["n"] if (t, m) in cell else 0} for t in tasks for m in meths],
+        schema={"task": pl.Utf8, "method": pl.Utf8, "mean_pct": pl.Float64, "std_pct": pl.Float64,
+                "n_seeds": pl.Int64},
+    )
+    ns = [r["n"] for r in cell.values()]
+    note = "" if ns else f"No finished trial has `{metric}`."
+    if ns:
+        caption += f"; seeds per cell: {min(ns)}" + (f"–{max(ns)}" if max(ns) != min(ns) else "")
+    return Table(name, caption, pl.DataFrame(display), data, note)
+
+
+def table1_length(trials: pl.DataFrame, longer: bool = False) -> Table:
+    """The length-generalization half of Table 1 (10% longer inputs; 20% with `longer`)."""
+    metric, pct = ("test_longer_acc", 20) if longer else ("test_long_acc", 10)
+    return table1(
+        trials, metric, name=f"table1_length{'_20' if longer else ''}",
+        caption=f"Length generalization: test accuracy (%) on {pct}% longer inputs, mean ± sample std over seeds",
+    )
+
+
+# ----------------------------------------------------------------------------------- stability
+
+
+def _at_tmax(decomp: pl.DataFrame) -> pl.DataFrame:
+    """Each trial's decomposition row at its largest T."""
+    if decomp.is_empty():
+        return decomp
+    return decomp.sort(["trial_id", "T"]).group_by("trial_id", maintain_order=True).last()
+
+
+def _decomp_means(trials, decomp, selected, by, keys) -> dict[tuple, dict]:
+    """Per group: mean over the selected configuration's seeds of the T_max decomposition."""
+    tmax = _at_tmax(decomp)
+    if tmax.is_empty():
+        return {}
+    seeds = seeds_of(trials, selected, by).select([*by, "trial_id"])
+    rows = tmax.drop([c for c in by if c in tmax.columns]).join(seeds, on="trial_id", how="inner")
+    agg = rows.group_by(list(by), maintain_order=True).agg(
+        [pl.col(k).mean() for k in keys] + [pl.col("T").max().alias("T_max")]
+    )
+    return {tuple(r[c] for c in by): r for r in agg.iter_rows(named=True)}
+
+
+def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
+    """Per task, method and bit-width: test accuracy, loss gap, bound, Σρ and Σε at T_max."""
+    name, caption = "table3_bits", "Decomposition of eq. (4) per QAT bit-width at T_max (* = selected on validation)"
+    by = ("task", "method", "bits")
+    cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T_max", "sel."]
+    with_bits = trials.filter(pl.col("bits").is_not_null())
+    if with_bits.is_empty():
+        return _empty(name, caption, "No trial logged a `bits` param.", cols)
+    selected = select_best(with_bits, by)
+    acc = {tuple(r[c] for c in by): r for r in mean_std(with_bits, selected, "test_acc", by).iter_rows(named=True)}
+    dec = _decomp_means(with_bits, decomp, selected, by, ["loss_gap", "bound", "eaf", "sum_eps"])
+    winners = {tuple(r[c] for c in GROUP) + (r["bits"],) for r in select_best(with_bits).iter_rows(named=True)}
+    scale = _pct_scale(with_bits["test_acc"])
+    fallback = {tuple(r[c] for c in by): r for r in selected.iter_rows(named=True)}
+    disp, data = [], []
+    tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = _ordered(selected["method"].to_list(), PAPER_METHODS)
+    for key in sorted(fallback, key=lambda k: (tasks.index(k[0]), meths.index(k[1]), k[2])):
+        a, d, f = acc.get(key, {}), dec.get(key, {}), fallback[key]
+        loss_gap = d.get("loss_gap", f["loss_gap"])  # the trial's own loss gap if no decomposition
+        eaf = d.get("eaf", f["eaf_value"])
+        rec = {"task": key[0], "method": key[1], "bits": key[2],
+               "test_acc_pct": a["mean"] * scale if a.get("mean") is not None else None,
+               "test_acc_std_pct": a["std"] * scale if a.get("std") is not None else None,
+               "loss_gap": loss_gap, "bound": d.get("bound"), "sum_rho": eaf, "sum_eps": d.get("sum_eps"),
+               "T_max": d.get("T_max"), "selected": key in winners}
+        data.append(rec)
+        disp.append([task_label(key[0]), method_label(key[1]), str(key[2]),
+                     fmt_pm(a.get("mean"), a.get("std"), scale), fmt_num(loss_gap), fmt_num(rec["bound"]),
+                     fmt_num(eaf), fmt_num(rec["sum_eps"]), fmt_num(rec["T_max"]), "*" if rec["selected"] else ""])
+    note = "" if dec else "No stability decomposition logged: bound, Σε and T_max are missing."
+    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
+
+
+def table4(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
+    """Bound decomposition at T_max per (task, method) selected configuration."""
+    name, caption = "table4_decomposition", "Decomposition of eq. (4) at T_max per method (selected configuration, mean over seeds)"
+    keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
+    cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T_max"]
+    selected = select_best(trials)
+    if selected.is_empty():
+        return _empty(name, caption, "No finished trials.", cols)
+    dec = _decomp_means(trials, decomp, selected, GROUP, keys)
+    tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = _ordered(selected["method"].to_list(), PAPER_METHODS)
+    disp, data = [], []
+    for r in sorted(selected.iter_rows(named=True), key=lambda r: (tasks.index(r["task"]), meths.index(r["method"]))):
+        d = dec.get((r["task"], r["method"]), {})
+        model = r.get("model")
+        vals = {k: d.get(k) for k in keys}
+        if vals["loss_gap"] is None:
+            vals["loss_gap"] = r["loss_gap"]
+        data.append({"task": r["task"], "model": model, "method": r["method"], **vals, "T_max": d.get("T_max")})
+        disp.append([task_label(r["task"]), model or MISSING, method_label(r["method"]),
+                     *(fmt_num(vals[k]) for k in keys), fmt_num(d.get("T_max"))])
+    note = "" if dec else "No stability decomposition logged: only the trials' own loss gap is shown."
+    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
+
+
+# ----------------------------------------------------------------------------------- Table 5, EAF
+
+
+def table5(trials: pl.DataFrame) -> Table:
+    """The selected hyperparameters per (task, method)."""
+    name, caption = "table5_hparams", "Selected hyperparameters per task and method (best validation accuracy)"
+    selected = select_best(trials)
+    if selected.is_empty():
+        return _empty(name, caption, "No finished trials.", ["Task", "Method"])
+    from analysis.load import FINAL_METRICS, EPOCH_METRICS, META_COLUMNS
+
+    params = [c for c in trials.columns if c not in META_COLUMNS and c not in NOT_HPARAMS
+              and c not in FINAL_METRICS + EPOCH_METRICS]
+    varied = [c for c in params if c not in HPARAMS and trials[c].n_unique() > 1]
+    hp = [c for c in HPARAMS if c in trials.columns and trials[c].drop_nulls().len() > 0] + sorted(varied)
+    tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = _ordered(selected["method"].to_list(), PAPER_METHODS)
+    rows = sorted(selected.iter_rows(named=True), key=lambda r: (tasks.index(r["task"]), meths.index(r["method"])))
+    cols = ["Task", "Method", *(HPARAM_LABELS.get(c, c) for c in hp), "Val. acc. (%)", "Trial"]
+    scale = _pct_scale(selected["score"])
+
+    def show(c, v):
+        if _missing(v):
+            return MISSING
+        if c == "bits":
+            return "32 (full)" if v == 32 else f"{v}-bit"
+        return fmt_num(v) if isinstance(v, float) else str(v)
+
+    disp = [[task_label(r["task"]), method_label(r["method"]), *(show(c, r[c]) for c in hp),
+             f"{r['score'] * scale:.1f}", r["trial_id"]] for r in rows]
+    data = selected.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "val_acc"})
+    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)
+
+
+def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) -> Table:
+    """EAF(SFT-CoT) / EAF(method) per task: how many times smaller the method's EAF is."""
+    name = "eaf_reduction"
+    caption = f"EAF reduction factor relative to {method_label(REFERENCE_METHOD)} (EAF(SFT-CoT) / EAF(method), selected configurations, mean EAF over seeds)"
+    tasks = _ordered(trials["task"].to_list(), TASK_ORDER)
+    meths = _ordered(list(methods) + trials["method"].to_list(), list(methods))
+    if not tasks:
+        return _empty(name, caption, "No trials logged.", ["Method"])
+    stats = mean_std(trials, select_best(trials), "eaf_value")
+    eaf = {(r["task"], r["method"]): r["mean"] for r in stats.iter_rows(named=True)}
+    data, display = [], {"Method": [method_label(m) for m in meths]}
+    for t in tasks:
+        ref = eaf.get((t, REFERENCE_METHOD))
+        col = []
+        for m in meths:
+            e = eaf.get((t, m))
+            factor = ref / e if ref is not None and e not in (None, 0.0) else None
+            data.append({"task": t, "method": m, "eaf": e, "eaf_reference": ref, "reduction": factor})
+            col.append(MISSING if factor is None else f"{factor:.2f}×")
+        display[task_label(t)] = col
+    notes = []
+    if not eaf:
+        notes.append("No trial logged an EAF.")
+    elif not any(m == REFERENCE_METHOD for _, m in eaf):
+        notes.append(f"No {REFERENCE_METHOD} trial with an EAF: factors cannot be computed.")
+    schema = {"task": pl.Utf8, "method": pl.Utf8, "eaf": pl.Float64, "eaf_reference": pl.Float64, "reduction": pl.Float64}
+    return Table(name, caption, pl.DataFrame(display), pl.DataFrame(data, schema=schema), " ".join(notes))
+
+
+def all_tables(trials: pl.DataFrame, decomp: pl.DataFrame) -> list[Table]:
+    return [table1(trials), table1_length(trials), table1_length(trials, longer=True), table3(trials, decomp),
+            table4(trials, decomp), table5(trials), eaf_reduction(trials)]

@@ -1,0 +1,229 @@
+"""analysis/: loading, selection, tables and the report, on synthetic trials with known values.
+
+Mean ± std is checked against numpy with ddof=1 (the sample std: the paper averages 3 seeds).
+One test builds a real MLflow sqlite store (absolute path: MLflow 3 needs one) following the
+logging schema in analysis/README.md, loads it back and writes the report.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis.load import TrialRecord, decomposition_frame, load_ray, trials_frame
+from analysis.rerun import expand_seeds, plan_reruns, seed_plan
+from analysis.select import mean_std, select_best
+from analysis.tables import MISSING, Table, eaf_reduction, latex_escape, table1, table1_length, table3, table4, table5
+
+
+def rec(tid, task="dijkstra", method="sft_cot", seed=0, lr=1e-3, bits=32, lam=1.0, val=(0.5, 0.6),
+        eaf=None, test=None, long=None, status="FINISHED", decomp=None, **extra):
+    params = {"task": task, "method": method, "seed": str(seed), "lr": str(lr), "bits": str(bits), "lam": str(lam),
+              "model": "tiny", **{k: str(v) for k, v in extra.items()}}
+    metrics = {"val_acc": val[-1]} if val else {}
+    for k, v in (("final_eaf", eaf), ("test_acc", test), ("test_long_acc", long)):
+        if v is not None:
+            metrics[k] = v
+    return TrialRecord(tid, params, metrics, [(i + 1, v) for i, v in enumerate(val)], status,
+                       run_id=f"run-{tid}", decomposition=decomp)
+
+
+def decomp_rows(tmax=3, gap=0.5, bound=2.0, eaf=4.0):
+    return [{"T": t, "loss_gap": gap * (t - 1), "bound": bound * (t - 1), "ratio": None if t == 1 else bound / gap,
+             "first_order": 1.0 * (t - 1), "second_order": 0.5 * (t - 1), "C1": 0.02, "C2": 5.0,
+             "eaf": eaf * t, "sum_eps": 0.1 * t} for t in range(1, tmax + 1)]
+
+
+def test_frame_types_and_best_epoch():
+    df = trials_frame([rec("a", val=(0.2, 0.7, 0.7, 0.4), lora_rank=16), rec("b", val=())])
+    assert df.schema["lr"] == pl.Float64 and df.schema["bits"] == pl.Int64 and df.schema["lam"] == pl.Float64
+    assert df.schema["seed"] == pl.Int64 and df.schema["lora_rank"] == pl.Int64
+    a = df.filter(pl.col("trial_id") == "a").row(0, named=True)
+    assert a["best_epoch"] == 2 and a["best_val_acc"] == 0.7 and a["n_epochs"] == 4  # first max wins
+    b = df.filter(pl.col("trial_id") == "b").row(0, named=True)
+    assert b["best_epoch"] is None and b["lora_rank"] is None and b["test_acc"] is None
+
+
+def test_selection_ties_go_to_lower_eaf():
+    trials = trials_frame([
+        rec("t1", lr=1e-3, val=(0.8,), eaf=9.0),
+        rec("t2", lr=2e-3, val=(0.8,), eaf=3.0),  # same val, lower EAF: wins
+        rec("t3", lr=3e-3, val=(0.7,), eaf=1.0),
+        rec("t4", lr=4e-3, val=(0.9,), eaf=1.0, status="FAILED"),  # failed trials never win
+        rec("u1", method="alg1", lr=1e-3, val=(0.6,)),  # no final_eaf: last eaf is used ...
+        rec("u2", method="alg1", lr=2e-3, val=(0.6,), eaf=2.0),
+    ])
+    trials = trials.with_columns(eaf=pl.when(pl.col("trial_id") == "u1").then(1.0).otherwise(pl.col("eaf")))
+    trials = trials.with_columns(eaf_value=pl.coalesce("final_eaf", "eaf"))
+    sel = {r["method"]: r["trial_id"] for r in select_best(trials).iter_rows(named=True)}
+    assert sel == {"sft_cot": "t2", "alg1": "u1"}
+
+
+def test_mean_std_over_seeds_matches_numpy():
+    accs = [0.70, 0.74, 0.79]
+    trials = trials_frame(
+        [rec(f"s{i}", seed=i, val=(0.8 - i * 0.01,), test=a, long=a / 2) for i, a in enumerate(accs)]
+        + [rec("other", lr=5e-3, val=(0.1,), test=0.0)]  # another config: not averaged in
+    )
+    st = mean_std(trials, select_best(trials), "test_acc").row(0, named=True)
+    assert st["n"] == 3
+    assert st["mean"] == pytest.approx(np.mean(accs)) and st["std"] == pytest.approx(np.std(accs, ddof=1))
+    t = table1(trials)
+    cell = t.display.filter(pl.col("Method") == "SFT-CoT")["Dijkstra"][0]
+    assert cell == f"{np.mean(accs) * 100:.1f} ± {np.std(accs, ddof=1) * 100:.1f}"
+    csv = t.data.filter(pl.col("method") == "sft_cot").row(0, named=True)
+    assert csv["mean_pct"] == pytest.approx(np.mean(accs) * 100) and csv["n_seeds"] == 3
+    half = table1_length(trials).display.filter(pl.col("Method") == "SFT-CoT")["Dijkstra"][0]
+    assert half == f"{np.mean(accs) * 50:.1f} ± {np.std(accs, ddof=1) * 50:.1f}"
+
+
+def test_missing_cells_are_marked():
+    trials = trials_frame([rec("a", test=0.5, val=(0.5,)), rec("b", task="bfs", method="alg1", val=(0.5,))])
+    t = table1(trials)
+    row = t.display.filter(pl.col("Method") == "SFT-CoT").row(0, named=True)
+    assert row["Dijkstra"] == "50.0" and row["BFS"] == MISSING  # one seed: the mean alone
+    assert t.display.filter(pl.col("Method") == "Coconut")["Dijkstra"][0] == MISSING  # never run
+    csv_lines = t.to_csv().splitlines()
+    assert "bfs,sft_cot,,,0" in csv_lines  # empty in CSV
+    assert "--" in t.to_latex() and MISSING in t.to_markdown()
+    # no decomposition logged: tables 3 and 4 still come out, with notes
+    t3, t4 = table3(trials, decomposition_frame([])), table4(trials, decomposition_frame([]))
+    assert t3.note and t4.note and t3.display["Bound"].to_list() == [MISSING, MISSING]
+    # no EAF at all, then no SFT-CoT EAF: reduction factors missing, with a note
+    assert "EAF" in eaf_reduction(trials).note
+    only_alg1 = trials.with_columns(eaf_value=pl.when(pl.col("method") == "alg1").then(2.0))
+    red = eaf_reduction(only_alg1)
+    assert "sft_cot" in red.note and (red.display.drop("Method") == MISSING).to_numpy().all()
+
+
+def test_latex_escaping():
+    assert latex_escape("a_b & 50% #1 $x {y} ~^\\") == (
+        r"a\_b \& 50\% \#1 \$x \{y\} \textasciitilde{}\textasciicircum{}\textbackslash{}")
+    assert latex_escape("73.1 ± 1.4") == r"73.1 \ensuremath{\pm} 1.4"
+    tex = table5(trials_frame([rec("a", task="my_task", method="my_method", val=(0.5,))])).to_latex()
+    assert r"my\_task" in tex and r"my\_method" in tex and "my_task" not in tex
+
+
+def test_empty_frame_tables_are_written(tmp_path):
+    empty = trials_frame([])
+    tables = [table1(empty), table1_length(empty), table3(empty, decomposition_frame([])),
+              table4(empty, decomposition_frame([])), table5(empty), eaf_reduction(empty)]
+    for t in tables:
+        assert isinstance(t, Table) and t.note
+        for p in t.write(tmp_path):
+            assert p.exists()
+        assert t.note in t.to_markdown()
+
+
+def test_decomposition_tables():
+    trials = trials_frame([
+        rec("q1", method="alg1", bits=1, val=(0.7,), test=0.70, eaf=10.0, decomp=decomp_rows(4, eaf=1.0)),
+        rec("q1b", method="alg1", bits=1, seed=1, val=(0.6,), test=0.72, eaf=12.0, decomp=decomp_rows(4, eaf=2.0)),
+        rec("q4", method="alg1", bits=4, val=(0.8,), test=0.80, eaf=20.0, decomp=decomp_rows(4, eaf=3.0)),
+        rec("s", method="sft_cot", bits=32, val=(0.6,), test=0.6, eaf=40.0),
+    ])
+    decomp = decomposition_frame([r for r in [rec("q1", method="alg1", bits=1, decomp=decomp_rows(4, eaf=1.0))]])
+    assert decomp.height == 4 and decomp.schema["T"] == pl.Int64
+    full = decomposition_frame([
+        rec("q1", method="alg1", bits=1, val=(0.7,), decomp=decomp_rows(4, eaf=1.0)),
+        rec("q1b", method="alg1", bits=1, seed=1, val=(0.6,), decomp=decomp_rows(4, eaf=2.0)),
+        rec("q4", method="alg1", bits=4, val=(0.8,), decomp=decomp_rows(4, eaf=3.0)),
+    ])
+    t3 = table3(trials, full)
+    one_bit = t3.data.filter((pl.col("method") == "alg1") & (pl.col("bits") == 1)).row(0, named=True)
+    assert one_bit["sum_rho"] == pytest.approx(6.0)  # mean of eaf*T at T=4 over the two seeds: (4 + 8) / 2
+    assert one_bit["test_acc_pct"] == pytest.approx(71.0) and one_bit["T_max"] == 4
+    assert t3.data.filter(pl.col("bits") == 4)["selected"].to_list() == [True]
+    t4 = table4(trials, full).data.filter(pl.col("method") == "alg1").row(0, named=True)
+    assert t4["bound"] == pytest.approx(6.0) and t4["C2"] == 5.0
+    red = eaf_reduction(trials).data.filter((pl.col("method") == "alg1")).row(0, named=True)
+    assert red["reduction"] == pytest.approx(40.0 / 20.0)
+
+
+def test_seed_expansion():
+    assert seed_plan(7, [], 3) == [7, 8, 9]
+    assert seed_plan(7, [7, 9], 3) == [8]
+    assert seed_plan(0, [0, 5, 6], 3) == []
+    cfg = {"task": "dijkstra", "method": "alg1", "seed": 4, "lr": 1e-3}
+    assert [c["seed"] for c in expand_seeds(cfg, [4], 3)] == [5, 6]
+    trials = trials_frame([rec("a", seed=4, val=(0.9,)), rec("b", seed=5, val=(0.1,)), rec("c", lr=9.0, val=(0.2,))])
+    plan = plan_reruns(trials, {"a": cfg}, 3)
+    assert [c["seed"] for c in plan] == [6] and all(c["lr"] == 1e-3 for c in plan)
+
+
+def test_ray_dir(tmp_path):
+    for i, (val, test) in enumerate([((0.3, 0.6), 0.55), ((0.5, 0.4), 0.45)]):
+        d = tmp_path / "dijkstra" / f"trainable_{i:05d}"
+        d.mkdir(parents=True)
+        (d / "params.json").write_text(json.dumps({"task": "dijkstra", "method": "sft_cot", "seed": i, "lr": 1e-3,
+                                                   "bits": 32, "lam": 1.0, "model": {"hidden": 64}}))
+        lines = [{"epoch": e + 1, "val_acc": v, "eaf": 2.0, "training_iteration": e + 1, "trial_id": f"t{i}"}
+                 for e, v in enumerate(val)]
+        lines[-1].update(test_acc=test, final_eaf=3.0, done=True)
+        (d / "result.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    loaded = load_ray(tmp_path, "dijkstra")
+    df = loaded.trials
+    assert df["trial_id"].to_list() == ["t0", "t1"] and df["best_epoch"].to_list() == [2, 1]
+    assert df["status"].to_list() == ["FINISHED"] * 2 and df["model.hidden"].to_list() == [64, 64]
+    assert loaded.configs["t0"]["model"] == {"hidden": 64}
+    st = mean_std(df, select_best(df), "test_acc").row(0, named=True)
+    assert st["n"] == 2 and st["mean"] == pytest.approx(0.5)
+
+
+def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    from analysis.load import load_mlflow
+    from analysis.report import build_report
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("dijkstra", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp_id, tags={"stabray.role": "sweep", "stabray.sweep": "dijkstra"}, run_name="sweep")
+    pid = parent.info.run_id
+    cfgs = [("sft_cot", 0, (0.4, 0.6), 0.55), ("sft_cot", 1, (0.5, 0.5), 0.50), ("alg1", 0, (0.7, 0.65), 0.71)]
+    for i, (method, seed, vals, test) in enumerate(cfgs):
+        tags = {"mlflow.parentRunId": pid, "stabray.role": "trial", "stabray.trial_id": f"trial_{i}",
+                "stabray.task": "dijkstra", "stabray.method": method}
+        run = client.create_run(exp_id, tags=tags, run_name=f"trial_{i}")
+        rid = run.info.run_id
+        params = {"task": "dijkstra", "task_version": "1", "method": method, "model": "tiny", "lr": "0.001",
+                  "seed": str(seed), "lam": "0.2" if method == "alg1" else "1.0",
+                  "bits": "1" if method == "alg1" else "32", "n_nodes": "5"}
+        metrics = [mlflow.entities.Metric(k, v, 0, e + 1) for e, v in enumerate(vals)
+                   for k, v in (("val_acc", v), ("eaf", 5.0 - e), ("train_loss", 1.0 / (e + 1)), ("epoch_time_s", 1.0))]
+        last = len(vals)
+        metrics += [mlflow.entities.Metric(k, v, 0, last) for k, v in
+                    (("test_acc", test), ("test_long_acc", test / 2), ("loss_gap", 0.3), ("final_eaf", 4.0 - i))]
+        client.log_batch(rid, metrics=metrics, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
+        client.log_dict(rid, {**params, "seed": seed, "lr": 1e-3}, "trial_config.json")
+        if method == "alg1":
+            client.log_dict(rid, decomp_rows(3), "stability/decomposition.json")
+        client.set_terminated(rid, "FINISHED")
+    client.set_terminated(pid, "FINISHED")
+
+    loaded = load_mlflow("dijkstra", uri)
+    df = loaded.trials
+    assert loaded.parent_run_id == pid and df.height == 3
+    assert df["trial_id"].to_list() == ["trial_0", "trial_1", "trial_2"]
+    assert df["best_epoch"].to_list() == [2, 1, 1] and df["bits"].to_list() == [32, 32, 1]
+    assert df.schema["lr"] == pl.Float64 and df["test_acc"].to_list() == [0.55, 0.50, 0.71]
+    assert loaded.decomposition.height == 3 and set(loaded.decomposition["trial_id"]) == {"trial_2"}
+
+    out = build_report("dijkstra", uri, out=tmp_path / "report")
+    names = {p.name for p in out.iterdir()}
+    for stem in ("table1_accuracy", "table1_length", "table3_bits", "table4_decomposition", "table5_hparams",
+                 "eaf_reduction"):
+        assert {f"{stem}.md", f"{stem}.tex", f"{stem}.csv"} <= names
+    assert {"fig2_gap_bound_vs_T.png", "fig4_eaf_vs_lambda.png", "fig4_eaf_vs_bits.png", "acc_vs_eaf.png",
+            "README.md"} <= names
+    # the two sft_cot trials differ only in the seed: one configuration, two seeds
+    t1 = pl.read_csv(out / "table1_accuracy.csv").filter(pl.col("method") == "sft_cot").row(0, named=True)
+    assert t1["mean_pct"] == pytest.approx(52.5) and t1["n_seeds"] == 2
+    assert t1["std_pct"] == pytest.approx(np.std([55.0, 50.0], ddof=1))
+    assert "52.5 ± 3.5" in (out / "table1_accuracy.md").read_text()
+    logged = {a.path for a in client.list_artifacts(pid, "report")}
+    assert "report/table1_accuracy.md" in logged
