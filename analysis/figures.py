@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
 from analysis.select import seeds_of, select_best  # noqa: E402
-from analysis.tables import PAPER_METHODS, TASK_ORDER, _ordered, method_label, task_label  # noqa: E402
+from analysis.tables import HPARAMS, PAPER_METHODS, TASK_ORDER, _ordered, method_label, task_label  # noqa: E402
 
 DPI = 120
 
@@ -76,26 +76,44 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
     return _save(fig, path)
 
 
+def _one_knob(trials: pl.DataFrame, param: str) -> pl.DataFrame:
+    """Per (task, method) that swept `param`: its finished trials with every other swept
+    hyperparameter held at the selected configuration's value (Figure 4 varies one knob)."""
+    done = trials.filter(pl.col(param).is_not_null() & (pl.col("status").is_null() | (pl.col("status") == "FINISHED")))
+    parts = []
+    for r in select_best(done).iter_rows(named=True):
+        d = done.filter((pl.col("task") == r["task"]) & (pl.col("method") == r["method"]))
+        if d[param].n_unique() < 2:
+            continue
+        for h in HPARAMS:
+            if h != param and h in d.columns and r[h] is not None and d[h].n_unique() > 1:
+                d = d.filter(pl.col(h) == r[h])
+        parts.append(d)
+    return pl.concat(parts, how="diagonal_relaxed") if parts else done.clear()
+
+
 def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Path:
-    """Figure 4 style: EAF (left panel) and loss gap (right panel) against a swept param; every
-    finished trial is a dot, the line joins the means per value, one colour per task."""
+    """Figure 4 style: EAF (left) and loss gap (right) against one swept param, the others held at
+    the selected configuration; dots are trials (seeds), lines join the means, one line per
+    (task, method) that swept the param."""
     title = f"EAF against {xlabel}"
-    df = trials.filter(pl.col(param).is_not_null() & (pl.col("status").is_null() | (pl.col("status") == "FINISHED")))
+    df = _one_knob(trials, param)
     panels = [(y, lab) for y, lab in (("eaf_value", "error amplification factor Σρ"), ("loss_gap", "loss gap"))
               if df[y].drop_nulls().len() > 0]
-    if df.is_empty() or not panels or df[param].n_unique() < 1:
-        return _no_data(path, title, f"no finished trial logged both `{param}` and an EAF or loss gap")
-    tasks = _ordered(df["task"].to_list(), TASK_ORDER)
-    colors = _colors(tasks)
+    if df.is_empty() or not panels:
+        return _no_data(path, title, f"no (task, method) swept `{param}` with an EAF or loss gap logged")
+    lines = df.select("task", "method").unique().sort("task", "method").rows()
+    colors = _colors([f"{t}/{m}" for t, m in lines])
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
     for ax, (y, ylabel) in zip(axes[0], panels):
-        for task in tasks:
-            d = df.filter((pl.col("task") == task) & pl.col(y).is_not_null())
+        for task, m in lines:
+            d = df.filter((pl.col("task") == task) & (pl.col("method") == m) & pl.col(y).is_not_null())
             if d.is_empty():
                 continue
-            ax.scatter(d[param], d[y], color=colors[task], alpha=0.4, s=14)
+            color = colors[f"{task}/{m}"]
+            ax.scatter(d[param], d[y], color=color, alpha=0.4, s=14)
             mean = d.group_by(param).agg(pl.col(y).mean()).sort(param)
-            ax.plot(mean[param], mean[y], "-o", color=colors[task], label=task_label(task))
+            ax.plot(mean[param], mean[y], "-o", color=color, label=f"{task_label(task)} · {method_label(m)}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if param == "bits":

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import polars as pl
 
-from analysis.load import load, load_trial_config
+from analysis.load import load_mlflow, load_ray, load_trial_config
 from analysis.select import seeds_of, select_best
 
 
@@ -64,7 +64,8 @@ def rerun(
     import mlflow
 
     uri = tracking_uri or mlflow.get_tracking_uri()
-    loaded = load(experiment, uri, ray_dir)
+    # selection needs no stability artifacts: skip downloading them
+    loaded = load_ray(ray_dir, experiment) if ray_dir else load_mlflow(experiment, uri, stability=False)
     selected = select_best(loaded.trials)
     configs = dict(loaded.configs)
     for r in selected.iter_rows(named=True):
@@ -78,7 +79,12 @@ def rerun(
     if not todo:
         print(f"rerun: every selected configuration already has {n_seeds} seeds")
     if todo and not dry_run:
-        from stabray.tune import run_configs  # the only Ray entry point; imported late
+        try:
+            from stabray.tune import run_configs  # the only Ray entry point; imported late
+        except ImportError as e:
+            from stabray.errors import UserError
+
+            raise UserError(f"stabray.tune.run_configs is not available in this checkout ({e})") from e
 
         run_configs(todo, experiment=experiment, tracking_uri=uri, storage=storage)
     return todo

@@ -161,7 +161,7 @@ def table1(
 ) -> Table:
     """Test accuracy (%) mean ± std over the seeds of each (task, method)'s selected configuration.
     Rows: the paper's methods plus any other method logged; columns: the tasks logged."""
-    caption = caption or f"Test accuracy (%) from `{metric}`, mean ± sample std (ddof=1) over seeds"
+    caption = caption or f"Test accuracy (%) from {metric}, mean ± sample std (ddof=1) over seeds"
     tasks = _ordered(trials["task"].to_list(), TASK_ORDER)
     meths = _ordered(list(methods) + trials["method"].to_list(), list(methods))
     stats = mean_std(trials, select_best(trials), metric)
@@ -181,7 +181,7 @@ def table1(
                 "n_seeds": pl.Int64},
     )
     ns = [r["n"] for r in cell.values()]
-    note = "" if ns else f"No finished trial has `{metric}`."
+    note = "" if ns else f"No finished trial has {metric}."
     if ns:
         caption += f"; seeds per cell: {min(ns)}" + (f"–{max(ns)}" if max(ns) != min(ns) else "")
     return Table(name, caption, pl.DataFrame(display), data, note)
@@ -226,7 +226,7 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
     cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T_max", "sel."]
     with_bits = trials.filter(pl.col("bits").is_not_null())
     if with_bits.is_empty():
-        return _empty(name, caption, "No trial logged a `bits` param.", cols)
+        return _empty(name, caption, "No trial logged a bits param.", cols)
     selected = select_best(with_bits, by)
     acc = {tuple(r[c] for c in by): r for r in mean_std(with_bits, selected, "test_acc", by).iter_rows(named=True)}
     dec = _decomp_means(with_bits, decomp, selected, by, ["loss_gap", "bound", "eaf", "sum_eps"])

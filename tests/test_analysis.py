@@ -227,3 +227,21 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     assert "52.5 ± 3.5" in (out / "table1_accuracy.md").read_text()
     logged = {a.path for a in client.list_artifacts(pid, "report")}
     assert "report/table1_accuracy.md" in logged
+
+
+def test_report_from_ray_dir_through_cli_register(tmp_path):
+    import argparse
+
+    from analysis.cli import register
+
+    d = tmp_path / "ray" / "dijkstra" / "trainable_0"
+    d.mkdir(parents=True)
+    (d / "params.json").write_text(json.dumps({"task": "dijkstra", "method": "alg1", "seed": 0, "bits": 2, "lam": 0.5}))
+    (d / "result.json").write_text(json.dumps({"val_acc": 0.5, "eaf": 2.0, "test_acc": 0.4, "trial_id": "x"}) + "\n")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))  # how `python -m stabray report` mounts it
+    args = parser.parse_args(["report", "--experiment", "dijkstra", "--ray-dir", str(tmp_path / "ray"),
+                              "--out", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    assert "| Algorithm 1 | 40.0 |" in (tmp_path / "out" / "table1_accuracy.md").read_text()
+    assert (tmp_path / "out" / "fig2_gap_bound_vs_T.png").stat().st_size > 0  # a "no data" figure
