@@ -1,0 +1,3 @@
+from stabray.cli import main
+
+raise SystemExit(main())

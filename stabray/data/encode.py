@@ -1,0 +1,89 @@
+"""Turn (prompt, steps, final) into token ids, labels and the token span of every step.
+
+Pieces are tokenized one at a time and concatenated, so each step's span is known exactly (the
+stability measure needs "the tokens of step i"). For the word-level tokenizer this equals
+tokenizing the whole text; for a pretrained BPE tokenizer it is the tokenization the model is
+trained and measured on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from stabray.tasks.base import END, FINAL_SEP, STEP_SEP
+
+IGNORE = -100  # label of positions that carry no loss
+
+
+@dataclass(frozen=True)
+class Encoded:
+    input_ids: tuple[int, ...]  # [bos] prompt answer eos
+    labels: tuple[int, ...]  # IGNORE on [bos] and the prompt
+    prompt_len: int  # tokens before the answer (bos included)
+    step_spans: tuple[tuple[int, int], ...]  # [start, end) of each intermediate step's tokens
+    final_span: tuple[int, int]  # [start, end) of the final answer's tokens, eos included
+
+
+class Encoder:
+    """Caches the ids of each text piece: steps repeat across examples and epochs."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        self._ids = lru_cache(maxsize=1 << 16)(self._encode_piece)
+
+    def _encode_piece(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def ids(self, text: str) -> tuple[int, ...]:
+        return self._ids(text) if text else ()
+
+    def prompt(self, prompt: str) -> list[int]:
+        return [*self.bos, *self.ids(prompt)]
+
+    def encode(self, prompt: str, steps: list[str] | tuple[str, ...], final: str) -> Encoded:
+        ids = self.prompt(prompt)
+        prompt_len = len(ids)
+        spans = []
+        for k, step in enumerate(steps):
+            if k:
+                ids += self.ids(STEP_SEP)
+            start = len(ids)
+            ids += self.ids(step)
+            spans.append((start, len(ids)))
+        if steps:
+            ids += self.ids(FINAL_SEP)
+        start = len(ids)
+        ids += self.ids(final) + self.ids(END) + (self.eos,)
+        labels = [IGNORE] * prompt_len + ids[prompt_len:]
+        return Encoded(tuple(ids), tuple(labels), prompt_len, tuple(spans), (start, len(ids)))
+
+
+def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded training batch: input_ids, attention_mask, labels, each (B, L)."""
+    L = max(len(e.input_ids) for e in batch)
+    ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), L), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(batch), L), dtype=torch.long)
+    for i, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[i, :n] = torch.tensor(e.input_ids)
+        labels[i, :n] = torch.tensor(e.labels)
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts for batched generation."""
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    return {"input_ids": ids, "attention_mask": mask}

@@ -1,0 +1,80 @@
+"""Exact-match accuracy of the final answer under greedy decoding, and the final-answer loss gap
+(loss given the model's own chain minus loss given the correct chain)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stabray.data.encode import IGNORE, Encoder, collate
+from stabray.evaluate.generate import greedy
+from stabray.tasks.base import END, FINAL_SEP, Example, Task, extract_final
+
+
+@dataclass
+class EvalResult:
+    acc: float  # fraction of examples whose final answer matches exactly
+    n: int
+    predictions: list[str] = field(default_factory=list)  # generated answer texts
+    loss_gap: float | None = None  # mean over examples, nats per final-answer token
+
+
+def _find_last(seq: list[int], sub: tuple[int, ...]) -> int:
+    for p in range(len(seq) - len(sub), -1, -1):
+        if tuple(seq[p:p + len(sub)]) == sub:
+            return p
+    return -1
+
+
+@torch.no_grad()
+def final_answer_loss(model, encoder: Encoder, items: list[tuple[list[int], int]], device, batch_size=64) -> np.ndarray:
+    """Mean CE per example over the tokens from `start` on; items = (ids, start)."""
+    out = []
+    model.eval()
+    for b in range(0, len(items), batch_size):
+        chunk = items[b:b + batch_size]
+        L = max(len(ids) for ids, _ in chunk)
+        ids_t = torch.full((len(chunk), L), encoder.pad, dtype=torch.long)
+        lab = torch.full((len(chunk), L), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(chunk), L), dtype=torch.long)
+        for i, (ids, start) in enumerate(chunk):
+            ids_t[i, :len(ids)] = torch.tensor(ids)
+            lab[i, start:len(ids)] = torch.tensor(ids[start:])
+            mask[i, :len(ids)] = 1
+        logits = model(input_ids=ids_t.to(device), attention_mask=mask.to(device)).logits.float()
+        ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), lab[:, 1:].to(device), ignore_index=IGNORE,
+                             reduction="none")
+        n = (lab[:, 1:] != IGNORE).sum(1).clamp_min(1).to(device)
+        out.extend((ce.sum(1) / n).tolist())
+    return np.asarray(out)
+
+
+def evaluate_split(model, encoder: Encoder, task: Task, examples: list[Example], prompt_fn,
+                   device="cpu", loss_gap: bool = False, batch_size: int = 64,
+                   max_new_tokens: int | None = None) -> EvalResult:
+    """Greedy-decode each example from `prompt_fn(example)` and score the final answer."""
+    tok = encoder.tok
+    prompts = [prompt_fn(ex) for ex in examples]
+    if max_new_tokens is None:
+        max_new_tokens = max(len(encoder.encode(p, ex.steps, ex.final).input_ids) - len(encoder.prompt(p))
+                             for p, ex in zip(prompts, examples)) + 8
+    gen = greedy(model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
+    texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
+    correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
+    res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
+    if loss_gap:
+        sep = encoder.ids(FINAL_SEP)
+        gold, own = [], []
+        for p, ex, g in zip(prompts, examples, gen):
+            e = encoder.encode(p, ex.steps, ex.final)
+            gold.append((list(e.input_ids), e.final_span[0]))
+            pos = _find_last(g, sep) if sep else -1
+            prefix = list(encoder.prompt(p)) + (g[:pos + len(sep)] if pos >= 0 else [])
+            tail = list(encoder.ids(ex.final) + encoder.ids(END)) + [encoder.eos]
+            own.append((prefix + tail, len(prefix)))
+        res.loss_gap = float(np.mean(final_answer_loss(model, encoder, own, device, batch_size)
+                                     - final_answer_loss(model, encoder, gold, device, batch_size)))
+    return res

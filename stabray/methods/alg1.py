@@ -1,0 +1,107 @@
+"""Algorithm 1 of Li et al. 2026: chain-of-thought length compression + quantization-aware training.
+
+Compression keeps `max(1, floor(lam * T))` of an example's T intermediate steps, kept in order and
+resampled every epoch from a generator seeded by (trial seed, epoch) (Algorithm 1, line 2 sits
+inside the epoch loop). Evaluation targets are not compressed: the model writes its own chain, then
+the answer, and only the answer is scored. Strategies (the paper's ablations): `random` (the
+method), `drop_first` (keep the last k), `drop_last` (keep the first k), `equal` (k equally spaced).
+
+QAT fake-quantizes the chosen Linear weights at `bits` (1-4; 32 = off) with straight-through
+gradients (stabray.methods.qat). `noise="gaussian"` replaces quantization by Gaussian weight noise
+of the same per-row RMS as the quantization error (the paper's noise-type ablation), resampled at
+every forward pass in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from stabray.errors import UserError
+from stabray.methods.base import METHODS, Method
+from stabray.methods.qat import VALID_BITS, apply_qat, quantizable_linears, quantize
+
+STRATEGIES = ("random", "drop_first", "drop_last", "equal")
+
+
+def keep_count(n_steps: int, lam: float) -> int:
+    """Steps kept out of n_steps: max(1, floor(lam * T)); none when there are none."""
+    return 0 if n_steps == 0 else max(1, int(np.floor(lam * n_steps + 1e-9)))
+
+
+def compress_indices(n_steps: int, lam: float, strategy: str, rng: np.random.Generator) -> list[int]:
+    k = keep_count(n_steps, lam)
+    if k >= n_steps:
+        return list(range(n_steps))
+    if strategy == "random":
+        return sorted(rng.choice(n_steps, size=k, replace=False).tolist())
+    if strategy == "drop_first":
+        return list(range(n_steps - k, n_steps))
+    if strategy == "drop_last":
+        return list(range(k))
+    if strategy == "equal":  # k positions spread evenly: centre of each of k equal segments
+        return [int((j + 0.5) * n_steps / k) for j in range(k)]
+    raise UserError(f"unknown compression strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+
+
+class GaussianWeightNoise(nn.Module):
+    """Parametrization W -> W + N(0, s^2), s per row = RMS of that row's quantization error at
+    `bits` (so the noise matches quantization in scale). Noise only in training mode."""
+
+    def __init__(self, bits: int):
+        super().__init__()
+        self.bits = bits
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return w
+        with torch.no_grad():
+            s = (quantize(w, self.bits) - w).pow(2).mean(dim=1, keepdim=True).sqrt()
+        return w + torch.randn_like(w) * s
+
+
+@dataclass(frozen=True)
+class Alg1Params:
+    lam: float = 0.2  # fraction of intermediate steps kept, in (0, 1]; 1.0 = no compression
+    bits: int = 32  # QAT bit-width: 1, 2, 3, 4 (8, 16 allowed); 32 = full precision
+    strategy: str = "random"  # which steps are kept: random | drop_first | drop_last | equal
+    noise: str = "quant"  # quant = QAT; gaussian = Gaussian weight noise of matched scale
+    quantize: str = "auto"  # auto (LoRA A/B if LoRA, else all Linear but the head) | lora | base | all_linear
+
+
+@METHODS.register("alg1")
+class Alg1(Method):
+    name = "alg1"
+    Params = Alg1Params
+    default_space = {"lam": {"choice": [0.1, 0.2, 0.5, 1.0]}, "bits": {"choice": [1, 2, 3, 4, 32]}}
+
+    def validate(self) -> None:
+        p = self.params
+        if not 0.0 < p.lam <= 1.0:
+            raise UserError(f"method 'alg1': lam must be in (0, 1], got {p.lam}")
+        if p.bits not in VALID_BITS:
+            raise UserError(f"method 'alg1': bits must be one of {VALID_BITS}, got {p.bits}")
+        if p.strategy not in STRATEGIES:
+            raise UserError(f"method 'alg1': strategy must be one of {STRATEGIES}, got {p.strategy!r}")
+        if p.noise not in ("quant", "gaussian"):
+            raise UserError(f"method 'alg1': noise must be 'quant' or 'gaussian', got {p.noise!r}")
+        if p.quantize not in ("auto", "lora", "base", "all_linear"):
+            raise UserError(f"method 'alg1': quantize must be auto, lora, base or all_linear, got {p.quantize!r}")
+
+    def prepare(self, model):
+        p = self.params
+        if p.bits < 32:
+            if p.noise == "quant":
+                apply_qat(model, p.bits, p.quantize)
+            else:
+                for _, mod in quantizable_linears(model, p.quantize):
+                    parametrize.register_parametrization(mod, "weight", GaussianWeightNoise(p.bits))
+        return model
+
+    def train_view(self, ex, epoch, rng):
+        idx = compress_indices(len(ex.steps), self.params.lam, self.params.strategy, rng)
+        return ex.question, tuple(ex.steps[i] for i in idx)

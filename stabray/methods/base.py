@@ -1,0 +1,78 @@
+"""What a method is: a frozen parameter dataclass plus the hooks the training loop calls.
+
+A method decides (1) what the model is trained on for each example in each epoch (which steps,
+which prompt), (2) how the model is prepared (QAT parametrizations, new tokens), (3) the loss of a
+batch, (4) which parameters train, and (5) the prompt used at evaluation. One module per method,
+one `METHODS.register(...)` per method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from stabray.errors import UserError
+from stabray.registry import Registry
+from stabray.tasks.base import Example
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+class Method:
+    name: ClassVar[str]
+    Params: ClassVar[type] = NoParams
+    # Default Optuna/Ray search space of this method's hyperparameters: {param: spec}, where spec is
+    # {"choice": [...]}, {"loguniform": [lo, hi]}, {"uniform": [lo, hi]} or {"randint": [lo, hi]}.
+    default_space: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __init__(self, **params: Any):
+        names = {f.name for f in dataclasses.fields(self.Params)}
+        for key in params:
+            if key not in names:
+                raise UserError(f"method {self.name!r}: unknown hyperparameter {key!r}; "
+                                f"known: {', '.join(sorted(names)) or '(none)'}")
+        self.params = self.Params(**params)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise UserError for impossible values."""
+
+    def hparams(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.params)
+
+    # -- hooks the training loop calls ---------------------------------------------------------
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def trainable_parameters(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def train_view(self, ex: Example, epoch: int, rng: np.random.Generator) -> tuple[str, tuple[str, ...]]:
+        """(prompt, steps) the model is trained on for this example in this epoch."""
+        return ex.question, ex.steps
+
+    def eval_prompt(self, ex: Example) -> str:
+        return ex.question
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token cross-entropy over the answer tokens."""
+        return model(**batch).loss
+
+    def step(self, model, batch, optimizer) -> float:
+        """One optimisation step's forward and backward; returns the loss. NSO overrides this."""
+        loss = self.loss(model, batch)
+        loss.backward()
+        return float(loss.detach())
+
+
+METHODS: Registry[type[Method]] = Registry("method")
+
+
+def get_method(name: str, **params: Any) -> Method:
+    return METHODS.get(name)(**params)

@@ -1,0 +1,8 @@
+"""SFT-CoT: supervised fine-tuning on the full chain of thought (every intermediate step)."""
+
+from stabray.methods.base import METHODS, Method
+
+
+@METHODS.register("sft_cot")
+class SFTCoT(Method):
+    name = "sft_cot"

@@ -1,0 +1,93 @@
+"""Models: the embedded default (a small Qwen2-style decoder built from a transformers config and
+trained from scratch) or a pretrained Hugging Face causal LM (a hub name or a local directory) with
+optional peft LoRA.
+
+The dataset tells the embedded model its vocabulary (the tokenizer built from the task's text) and
+its context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PRESETS: dict[str, dict[str, int]] = {
+    # name: embedded decoder shape. "tiny" is what tests use; "small" is the laptop default.
+    "tiny": dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+    "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),
+    "base": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=1024),
+}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int = 16  # LoRA rank r
+    alpha: int = 32  # scaling numerator (the update is scaled by alpha / rank)
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    pretrained: str | None = None  # hub name or local directory; None = the embedded decoder
+    lora: LoraSpec | None = None  # LoRA adapters on a pretrained model (None = full fine-tuning)
+    preset: str = "small"  # embedded shape (PRESETS), overridden field by field below
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    intermediate_size: int | None = None
+    max_positions: int = 2048  # context length of the embedded decoder
+    extra: dict[str, Any] = field(default_factory=dict)  # more transformers config fields
+
+    @property
+    def label(self) -> str:
+        if self.pretrained:
+            return self.pretrained + (f"+lora{self.lora.rank}" if self.lora else "")
+        s = self.shape()
+        return f"embedded-{s['hidden_size']}x{s['num_layers']}"
+
+    def shape(self) -> dict[str, int]:
+        s = dict(PRESETS[self.preset])
+        for k in s:
+            v = getattr(self, k)
+            if v is not None:
+                s[k] = v
+        return s
+
+
+def load_tokenizer(spec: ModelSpec):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(spec.pretrained)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
+    """A causal LM ready to train. Eager attention: the stability measure differentiates through
+    the model with torch.func, and eager attention supports forward-mode AD everywhere."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    if spec.pretrained is None:
+        s = spec.shape()
+        cfg = Qwen2Config(
+            vocab_size=len(tokenizer), hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
+            num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],
+            intermediate_size=s["intermediate_size"], max_position_embeddings=spec.max_positions,
+            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, attn_implementation="eager", **spec.extra)
+        return Qwen2ForCausalLM(cfg)
+    model = AutoModelForCausalLM.from_pretrained(spec.pretrained, attn_implementation="eager", **spec.extra)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    if spec.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(
+            r=spec.lora.rank, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
+            target_modules=list(spec.lora.target_modules), task_type="CAUSAL_LM"))
+    return model

@@ -1,0 +1,55 @@
+"""One generic registry for tasks and methods: a name is defined once, aliases point at it, and an
+unknown name fails with "did you mean ..." and the list of what exists."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+from stabray.errors import UserError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str):
+        self.kind = kind  # "task" or "method": used in error messages
+        self._items: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}
+
+    def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            for key in (name, *aliases):
+                if key in self._items or key in self._aliases:
+                    raise ValueError(f"{self.kind} {key!r} is registered twice")
+            self._items[name] = obj
+            for a in aliases:
+                self._aliases[a] = name
+            return obj
+
+        return deco
+
+    def canonical(self, name: str) -> str:
+        if name in self._items:
+            return name
+        if name in self._aliases:
+            return self._aliases[name]
+        known = sorted([*self._items, *self._aliases])
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f" did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise UserError(f"unknown {self.kind} {name!r};{hint} available: {', '.join(sorted(self._items))}")
+
+    def get(self, name: str) -> T:
+        return self._items[self.canonical(name)]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(a for a, n in self._aliases.items() if n == name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items or name in self._aliases
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())

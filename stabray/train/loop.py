@@ -1,0 +1,120 @@
+"""The plain-PyTorch training loop. It imports neither Ray nor MLflow: the Ray trainable, the
+benchmarks and users' own scripts all drive this same `Trainer`."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from stabray.data.encode import Encoder, collate
+from stabray.errors import UserError
+from stabray.methods.base import Method
+from stabray.tasks.base import Example
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 8  # passes over the training split (ASHA's time unit)
+    batch_size: int = 32  # examples per optimisation step
+    lr: float = 1e-3  # AdamW peak learning rate
+    weight_decay: float = 0.01
+    warmup_steps: int = 20  # linear warm-up, then `schedule`
+    schedule: str = "cosine"  # cosine (to 10% of lr over all epochs) | constant
+    grad_clip: float = 1.0  # max global gradient norm; 0 = off
+    max_steps_per_epoch: int = 0  # 0 = the whole split; >0 caps an epoch (tests, smoke runs)
+    threads: int = 0  # torch CPU threads; 0 = leave torch's default (Ray sets it from num_cpus)
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise UserError(f"train.lr must be > 0, got {self.lr}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise UserError("train.epochs and train.batch_size must be >= 1")
+        if self.schedule not in ("cosine", "constant"):
+            raise UserError(f"train.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+
+
+def pick_device(prefer: str = "auto") -> torch.device:
+    if prefer == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and epoch counter; `train_epoch()` runs one epoch."""
+
+    def __init__(self, model: torch.nn.Module, method: Method, encoder: Encoder,
+                 train_data: list[Example] | Callable[[int], list[Example]], cfg: TrainConfig,
+                 seed: int = 0, device: torch.device | str = "cpu"):
+        self.model, self.method, self.encoder, self.cfg, self.seed = model, method, encoder, cfg, seed
+        self.device = torch.device(device)
+        self.train_data = train_data
+        self.epoch = 0  # epochs completed
+        self.params = method.trainable_parameters(model)
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        n = len(self._examples(0))
+        steps = math.ceil(n / cfg.batch_size)
+        self.steps_per_epoch = min(steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else steps
+        total = max(1, self.steps_per_epoch * cfg.epochs)
+
+        def lr_lambda(step: int) -> float:
+            if step < cfg.warmup_steps:
+                return (step + 1) / cfg.warmup_steps
+            if cfg.schedule == "constant":
+                return 1.0
+            frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda)
+        self.autocast = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+    def _examples(self, epoch: int) -> list[Example]:
+        return self.train_data(epoch) if callable(self.train_data) else self.train_data
+
+    def train_epoch(self) -> dict[str, float]:
+        """One epoch; returns train_loss (mean over steps), tokens (non-pad) and tokens_per_s."""
+        epoch = self.epoch
+        rng = np.random.default_rng([self.seed, epoch])  # shuffling and per-epoch step resampling
+        examples = self._examples(epoch)
+        order = rng.permutation(len(examples))
+        self.model.train()
+        losses, tokens, t0 = [], 0, time.perf_counter()
+        bs = self.cfg.batch_size
+        for b in range(self.steps_per_epoch):
+            idx = order[b * bs:(b + 1) * bs]
+            if len(idx) == 0:
+                break
+            items = []
+            for i in idx:
+                prompt, steps = self.method.train_view(examples[i], epoch, rng)
+                items.append(self.encoder.encode(prompt, steps, examples[i].final))
+            batch = {k: v.to(self.device) for k, v in collate(items, self.encoder.pad).items()}
+            tokens += int(batch["attention_mask"].sum())
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                loss = self.method.step(self.model, batch, self.optimizer)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"training loss became {loss} at epoch {epoch + 1}, step {b + 1}")
+            if self.cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+            losses.append(loss)
+        self.epoch += 1
+        dt = time.perf_counter() - t0
+        return {"train_loss": float(np.mean(losses)), "tokens": float(tokens),
+                "tokens_per_s": tokens / dt if dt > 0 else 0.0, "epoch_time_s": dt}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "epoch": self.epoch, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch = int(state["epoch"])
+        torch.set_rng_state(state["torch_rng"])

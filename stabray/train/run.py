@@ -1,0 +1,158 @@
+"""One trial from a config, without Ray or MLflow: data -> tokenizer -> model -> method -> Trainer,
+plus validation, final evaluation, EAF and checkpoints. The Ray trainable, the CLI and users' own
+scripts all use this."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stabray.config import TrialConfig, parse_trial_config
+from stabray.data.cache import load_splits
+from stabray.data.encode import Encoder
+from stabray.data.tokenizer import build_tokenizer
+from stabray.evaluate.metrics import evaluate_split
+from stabray.methods import get_method
+from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
+from stabray.tasks import get_task
+from stabray.train.loop import TrainConfig, Trainer, pick_device
+
+
+def model_spec(cfg: TrialConfig) -> ModelSpec:
+    m = cfg.model
+    lora = LoraSpec(rank=m.lora.rank, alpha=m.lora.alpha, dropout=m.lora.dropout,
+                    target_modules=tuple(m.lora.target_modules)) if m.lora else None
+    return ModelSpec(pretrained=m.pretrained, lora=lora, preset=m.preset, hidden_size=m.hidden_size,
+                     num_layers=m.num_layers, num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                     max_positions=m.max_positions)
+
+
+class TrialRun:
+    """Build everything a trial needs. `tokenizer_dir` reuses a saved tokenizer (checkpoints)."""
+
+    def __init__(self, config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None):
+        self.cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
+        c = self.cfg
+        if c.train.threads:
+            torch.set_num_threads(c.train.threads)
+        self.task = get_task(c.task.name, **c.task.params)
+        self.method = get_method(c.method.name, **c.method.params)
+        self.train_cfg = TrainConfig(**c.train.model_dump())
+        self.device = pick_device(c.device)
+        splits = ("train", "val", "test", *c.eval.long_splits)
+        self.data = load_splits(self.task, {"train": c.task.train_size, "val": c.task.val_size,
+                                            "test": c.task.test_size}, seed=c.task.data_seed,
+                                splits=splits, cache_dir=c.cache_dir)
+        self.spec = model_spec(c)
+        if tokenizer_dir is not None:
+            from transformers import AutoTokenizer
+            self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        elif self.spec.pretrained is None:
+            texts = [t for exs in self.data.values() for e in exs
+                     for t in (e.question, e.question_nohint, e.answer)]
+            self.tokenizer = build_tokenizer(texts)
+        else:
+            self.tokenizer = load_tokenizer(self.spec)
+        self.encoder = Encoder(self.tokenizer)
+        self.model = build_model(self.spec, self.tokenizer, seed=c.seed)
+        self.model = self.method.prepare(self.model).to(self.device)
+        self.trainer = Trainer(self.model, self.method, self.encoder, self.data["train"], self.train_cfg,
+                               seed=c.seed, device=self.device)
+        self.eaf_tracker = None  # warm-start state of the EAF estimator between epochs
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate(self, split: str, n: int = 0, loss_gap: bool = False):
+        exs = self.data[split][:n] if n else self.data[split]
+        return evaluate_split(self.model, self.encoder, self.task, exs, self.method.eval_prompt,
+                              device=self.device, loss_gap=loss_gap, batch_size=self.cfg.eval.batch_size)
+
+    def eval_encoded(self, split: str, n: int):
+        """Examples encoded with every ground-truth step (the stability measure's input)."""
+        return [self.encoder.encode(self.method.eval_prompt(e), e.steps, e.final) for e in self.data[split][:n]]
+
+    def eaf(self, split: str = "val") -> float | None:
+        ev = self.cfg.eval
+        if not ev.eaf_examples:
+            return None
+        try:
+            from stabray.stability import EAFTracker, estimate_eaf
+        except ImportError:
+            return None
+        if self.eaf_tracker is None:
+            self.eaf_tracker = EAFTracker()
+        res = estimate_eaf(self.model, self.eval_encoded(split, ev.eaf_examples), iters=ev.eaf_iters,
+                           token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, tracker=self.eaf_tracker)
+        return float(res.eaf)
+
+    def epoch(self) -> dict[str, float]:
+        """Train one epoch, then validate: train_loss, val_acc, eaf, times."""
+        m = self.trainer.train_epoch()
+        t0 = time.perf_counter()
+        m["val_acc"] = self.evaluate("val", self.cfg.eval.val_examples).acc
+        m["val_time_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        e = self.eaf("val")
+        if e is not None:
+            m["eaf"] = e
+            m["eaf_time_s"] = time.perf_counter() - t0
+        m["epoch"] = self.trainer.epoch
+        return m
+
+    def final(self) -> dict[str, float]:
+        """Test and length-generalization accuracy, loss gap and EAF on the test split."""
+        ev = self.cfg.eval
+        t = self.evaluate("test", loss_gap=ev.loss_gap)
+        out: dict[str, float] = {"test_acc": t.acc}
+        if t.loss_gap is not None:
+            out["loss_gap"] = t.loss_gap
+        for s in ev.long_splits:
+            out[f"{s}_acc"] = self.evaluate(s).acc
+        e = self.eaf("test")
+        if e is not None:
+            out["final_eaf"] = e
+        return out
+
+    def baselines(self, split: str = "test") -> dict[str, float]:
+        """Accuracy of the task's trivial rules on a split (context for the model's accuracy)."""
+        exs = self.data[split]
+        return {name: sum(self.task.is_correct(e, rule(e)) for e in exs) / len(exs)
+                for name, rule in self.task.trivial_baselines().items()}
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = self.model.state_dict()
+        if self.spec.pretrained is not None:  # keep what trains (LoRA, new embeddings), not the base
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in state.items() if k in trainable or "original" in k and
+                     k.replace(".parametrizations.weight.original", ".weight") in trainable}
+        torch.save({"model": state, "trainer": self.trainer.state_dict()}, path / "state.pt")
+        self.tokenizer.save_pretrained(str(path / "tokenizer"))
+        (path / "trial_config.json").write_text(json.dumps(self.cfg.model_dump(), indent=1))
+
+    def load(self, path: str | Path) -> None:
+        state = torch.load(Path(path) / "state.pt", map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"], strict=self.spec.pretrained is None)
+        self.trainer.load_state_dict(state["trainer"])
+
+
+def load_checkpoint(path: str | Path):
+    """(model, tokenizer, method, config) from a checkpoint directory written by `TrialRun.save`."""
+    run = load_run(path)
+    return run.model, run.tokenizer, run.method, run.cfg
+
+
+def load_run(path: str | Path) -> TrialRun:
+    path = Path(path)
+    if not (path / "state.pt").exists():
+        from stabray.errors import UserError
+        raise UserError(f"{path}: not a stabray checkpoint (no state.pt)")
+    cfg = json.loads((path / "trial_config.json").read_text())
+    run = TrialRun(cfg, tokenizer_dir=path / "tokenizer")
+    run.load(path)
+    return run
