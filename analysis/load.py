@@ -251,11 +251,15 @@ def load_mlflow(experiment: str, tracking_uri: str | None = None, *, stability: 
         if role != "trial" and "mlflow.parentRunId" not in tags:
             continue
         rid = run.info.run_id
+        params = dict(run.data.params)
+        for key in ("task", "method"):  # the tags name them too, should a param be missing
+            if key not in params and tags.get(f"stabray.{key}"):
+                params[key] = tags[f"stabray.{key}"]
         history = [(m.step, m.value) for m in client.get_metric_history(rid, "val_acc")]
         records.append(
             TrialRecord(
                 trial_id=tags.get("stabray.trial_id") or rid,
-                params=dict(run.data.params),
+                params=params,
                 metrics=dict(run.data.metrics),
                 val_history=history,
                 status=run.info.status,

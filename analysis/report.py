@@ -35,7 +35,7 @@ def build_report(
     lines += [f"- `{t.name}.md|tex|csv`: {t.caption}" + (f" ({t.note})" if t.note else "") for t in tables]
     lines += [f"- `{p.name}`" for p in figures]
     (out / "README.md").write_text("\n".join(lines) + "\n")
-    trials.drop("config_key").write_csv(out / "trials.csv", null_value="")
+    trials.write_csv(out / "trials.csv", null_value="")
     if log_to_mlflow and ray_dir is None:
         if loaded.parent_run_id is None:
             print(f"warning: experiment {experiment!r} has no parent run (tag stabray.role=sweep); report not logged")

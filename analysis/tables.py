@@ -58,7 +58,7 @@ class Table:
 
     def to_latex(self) -> str:
         cols = self.display.columns
-        out = ["\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(self.caption)}}}",
+        out = ["% needs \\usepackage{booktabs}", "\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(self.caption)}}}",
                f"\\label{{tab:{self.name}}}"]
         if cols:
             out += [f"\\begin{{tabular}}{{l{'c' * (len(cols) - 1)}}}", "\\toprule",
