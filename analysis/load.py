@@ -184,7 +184,8 @@ def decomposition_frame(records: list[TrialRecord]) -> pl.DataFrame:
     """The per-T rows of every trial that has them, joined with the trial's identity."""
     rows = []
     for r in records:
-        for d in r.decomposition or []:
+        rows_in = r.decomposition if isinstance(r.decomposition, list) else []  # anything else: malformed
+        for d in (d for d in rows_in if isinstance(d, dict)):
             row = {
                 "trial_id": str(r.trial_id),
                 "run_id": r.run_id,
