@@ -25,6 +25,7 @@ class TaskCfg(Strict):
     val_size: int = Field(200, gt=0)
     test_size: int = Field(200, gt=0)  # also the size of each length-generalization split
     data_seed: int = 0  # seed of the dataset (independent of the trial's training seed)
+    resample_train: bool = False  # draw a fresh training split of train_size every epoch (no memorizing)
 
 
 class LoraCfg(Strict):

@@ -60,9 +60,23 @@ class TrialRun:
         self.encoder = Encoder(self.tokenizer)
         self.model = build_model(self.spec, self.tokenizer, seed=c.seed)
         self.model = self.method.prepare(self.model).to(self.device)
-        self.trainer = Trainer(self.model, self.method, self.encoder, self.data["train"], self.train_cfg,
+        train_data = self.fresh_train if c.task.resample_train else self.data["train"]
+        self.trainer = Trainer(self.model, self.method, self.encoder, train_data, self.train_cfg,
                                seed=c.seed, device=self.device)
         self.eaf_tracker = None  # warm-start state of the EAF estimator between epochs
+        self.history: list[dict[str, float]] = []  # per-epoch metrics (kept in checkpoints)
+
+    def fresh_train(self, epoch: int):
+        """Epoch `epoch`'s training split when task.resample_train is on: new questions every epoch,
+        none of them in an evaluation split (epoch 0 is the cached training split)."""
+        if epoch == 0:
+            return self.data["train"]
+        if getattr(self, "_fresh", (None,))[0] != epoch:
+            from stabray.data.splits import draw
+            exclude = {e.question for s, exs in self.data.items() if s != "train" for e in exs}
+            self._fresh = (epoch, draw(self.task, f"train-epoch{epoch}", self.cfg.task.train_size,
+                                       self.cfg.task.data_seed, self.task.size, exclude=exclude))
+        return self._fresh[1]
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, n: int = 0, loss_gap: bool = False):
@@ -100,7 +114,13 @@ class TrialRun:
             m["eaf"] = e
             m["eaf_time_s"] = time.perf_counter() - t0
         m["epoch"] = self.trainer.epoch
+        self.history.append({k: v for k, v in m.items() if isinstance(v, float | int)})
         return m
+
+    def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
+        """best_val_acc and best_epoch (ties: the earlier epoch) over the epochs run so far."""
+        best = max(self.history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
+        return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
 
     def final(self) -> dict[str, float]:
         """Test and length-generalization accuracy, loss gap and EAF on the test split."""
@@ -131,7 +151,8 @@ class TrialRun:
             trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
             state = {k: v for k, v in state.items() if k in trainable or "original" in k and
                      k.replace(".parametrizations.weight.original", ".weight") in trainable}
-        torch.save({"model": state, "trainer": self.trainer.state_dict()}, path / "state.pt")
+        torch.save({"model": state, "trainer": self.trainer.state_dict(), "history": self.history},
+                   path / "state.pt")
         self.tokenizer.save_pretrained(str(path / "tokenizer"))
         (path / "trial_config.json").write_text(json.dumps(self.cfg.model_dump(), indent=1))
 
@@ -139,6 +160,7 @@ class TrialRun:
         state = torch.load(Path(path) / "state.pt", map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["model"], strict=self.spec.pretrained is None)
         self.trainer.load_state_dict(state["trainer"])
+        self.history = list(state.get("history", []))
 
 
 def load_checkpoint(path: str | Path):

@@ -1,0 +1,122 @@
+"""Loading and validating sweep specs (sweeps/*.yaml) completely, before Ray starts."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from stabray.config import (SHORT_NAMES, SweepSpec, TrialConfig, format_validation_error, get_path, read_yaml,
+                            set_path)
+from stabray.errors import SpecError, UserError
+
+SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
+
+
+def find_spec(name_or_path: str) -> Path:
+    """A path to a YAML file, or the name of a shipped spec in sweeps/ (e.g. "dijkstra")."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.exists():
+            raise UserError(f"sweep spec not found: {p}")
+        return p
+    for d in (Path.cwd() / "sweeps", SWEEPS_DIR):
+        cand = d / f"{name_or_path}.yaml"
+        if cand.exists():
+            return cand
+    shipped = sorted(q.stem for q in SWEEPS_DIR.glob("*.yaml") if not q.stem.startswith("_"))
+    import difflib
+    close = difflib.get_close_matches(name_or_path, shipped, n=3)
+    hint = f" did you mean {' or '.join(close)}?" if close else ""
+    raise UserError(f"no sweep spec {name_or_path!r} (looked for sweeps/{name_or_path}.yaml);{hint} "
+                    f"shipped: {', '.join(shipped)}")
+
+
+def load_spec(name_or_path: str, overrides: dict[str, Any] | None = None) -> tuple[SweepSpec, Path]:
+    """Read, merge includes and overrides, and validate every field, name and search-space value."""
+    path = find_spec(name_or_path)
+    raw = read_yaml(path)
+    for k, v in (overrides or {}).items():
+        set_path(raw, k, v)
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(format_validation_error(e, str(path))) from None
+    validate_semantics(spec, path)
+    return spec, path
+
+
+def space_path(key: str) -> str:
+    return SHORT_NAMES.get(key, key)
+
+
+def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
+    """Values to check per searched path: every choice, and the ends of every range."""
+    out = {}
+    for key, dist in spec.search.space.items():
+        kind = dist.kind()
+        v = getattr(dist, kind)
+        out[key] = list(v) if kind == "choice" else [v[0], v[1]]
+    return out
+
+
+def validate_semantics(spec: SweepSpec, path: Path) -> None:
+    """Names exist, every searched value builds a valid trial; errors name the field and the file."""
+    from stabray.methods import METHODS, get_method
+    from stabray.tasks import TASKS, get_task
+
+    where = str(path)
+    try:
+        TASKS.canonical(spec.task.name)
+    except UserError as e:
+        raise SpecError(where, "task.name", str(e)) from None
+    try:
+        get_task(spec.task.name, **spec.task.params)
+    except UserError as e:
+        raise SpecError(where, "task.params", str(e)) from None
+    except TypeError as e:
+        raise SpecError(where, "task.params", str(e)) from None
+    try:
+        METHODS.canonical(spec.method.name)
+    except UserError as e:
+        raise SpecError(where, "method.name", str(e)) from None
+    base = spec.trial_base()
+    for key, dist in spec.search.space.items():
+        try:
+            dist.kind()
+        except ValueError as e:
+            raise SpecError(where, f"search.space.{key}", str(e)) from None
+        p = space_path(key)
+        head = p.split(".")[0]
+        if head not in ("task", "model", "method", "train", "eval", "seed"):
+            raise SpecError(where, f"search.space.{key}",
+                            f"not a trial field; use one of {', '.join(SHORT_NAMES)} or a path like train.lr")
+        if p.startswith("model.lora.") and spec.model.lora is None:
+            raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")
+    for key, values in sample_points(spec).items():
+        p = space_path(key)
+        if key == "lr" or p == "train.lr":
+            bad = [v for v in values if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v))]
+            if bad:
+                raise SpecError(where, f"search.space.{key}", f"learning rate must be > 0, got {bad[0]}")
+        for v in values:
+            trial = copy.deepcopy(base)
+            set_path(trial, p, v)
+            try:
+                cfg = TrialConfig.model_validate(trial)
+                get_method(cfg.method.name, **cfg.method.params)
+                get_task(cfg.task.name, **cfg.task.params)
+            except ValidationError as e:
+                raise SpecError(where, f"search.space.{key}", f"value {v!r}: " + format_validation_error(e, "trial")) from None
+            except UserError as e:
+                raise SpecError(where, f"search.space.{key}", f"value {v!r}: {e}") from None
+    if not spec.search.space:
+        try:
+            get_method(spec.method.name, **spec.method.params)
+        except UserError as e:
+            raise SpecError(where, "method.params", str(e)) from None
+    if spec.search.metric not in ("val_acc", "eaf", "train_loss"):
+        raise SpecError(where, "search.metric", f"must be a per-epoch metric (val_acc, eaf, train_loss), got {spec.search.metric!r}")

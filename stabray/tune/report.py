@@ -1,0 +1,40 @@
+"""The one place that calls Ray's reporting API (it has changed four times in four years)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Callable
+
+
+def get_checkpoint_dir(load: Callable[[str], None]) -> bool:
+    """If Ray restored this trial from a checkpoint, call `load(dir)` on it; return whether it did."""
+    from ray import tune
+
+    ckpt = tune.get_checkpoint()
+    if ckpt is None:
+        return False
+    with ckpt.as_directory() as d:
+        load(d)
+    return True
+
+
+def report(metrics: dict[str, Any], save: Callable[[str], None] | None = None) -> None:
+    """Report metrics, with a checkpoint written by `save(dir)` when given."""
+    from ray import tune
+
+    if save is None:
+        tune.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        save(d)
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def assigned_cpus(default: int = 1) -> int:
+    try:
+        import ray
+
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", default)
+        return max(1, int(round(cpus)))
+    except Exception:  # outside Ray
+        return default

@@ -1,0 +1,72 @@
+"""The table printed at the end of a sweep: the best trials, the trivial baselines, where to look."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+COLS = ["trial_id", "lam", "bits", "lr", "lora_rank", "epochs_run", "val_acc", "best_val_acc", "test_acc",
+        "test_long_acc", "eaf", "final_eaf", "loss_gap", "status"]
+
+
+def trials_frame(grid) -> pl.DataFrame:
+    from stabray.tune.trainable import unwrap
+
+    rows: list[dict[str, Any]] = []
+    for r in grid:
+        cfg = unwrap(r.config or {})
+        m = r.metrics or {}
+        mp = cfg.get("method", {}).get("params", {})
+        rows.append({
+            "trial_id": m.get("trial_id", ""),
+            "lam": float(mp.get("lam", 1.0)), "bits": int(mp.get("bits", 32)),
+            "lr": float(cfg.get("train", {}).get("lr", float("nan"))),
+            "lora_rank": (cfg.get("model", {}).get("lora") or {}).get("rank"),
+            "epochs_run": m.get("training_iteration"),
+            **{k: m.get(k) for k in ("val_acc", "best_val_acc", "test_acc", "test_long_acc", "eaf", "final_eaf",
+                                     "loss_gap")},
+            "status": "error" if r.error else ("done" if m.get("test_acc") is not None else "stopped"),
+        })
+    df = pl.DataFrame(rows, schema_overrides={k: pl.Float64 for k in
+                                              ("val_acc", "best_val_acc", "test_acc", "test_long_acc", "eaf",
+                                               "final_eaf", "loss_gap")}, strict=False)
+    return df
+
+
+def print_summary(spec, grid, info: dict[str, Any], wall_s: float) -> pl.DataFrame:
+    df = trials_frame(grid)
+    if df.height:
+        df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
+    n_err = int((df["status"] == "error").sum()) if df.height else 0
+    print(f"\n== sweep {spec.name}: {df.height} trials ({n_err} failed) in {wall_s / 60:.1f} min ==")
+    show = df.select([c for c in COLS if c in df.columns and (c != "lora_rank" or spec.model.lora)]).head(10)
+    with pl.Config(tbl_rows=12, tbl_cols=20, float_precision=3, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True, fmt_str_lengths=12):
+        print(show)
+    base = baselines(spec)
+    if base:
+        print("trivial rules on the same test split: " + "; ".join(f"{k}: {v:.3f}" for k, v in base.items()))
+    print("columns: val_acc = validation exact match of the final answer at the trial's last epoch "
+          "(best_val_acc: best epoch); test_acc / test_long_acc = test split at the default size / 10% larger "
+          "inputs (trials that ran every epoch only; ASHA stops the rest early); eaf = error amplification "
+          "factor sum_i rho_i^(T) on validation examples (final_eaf: on test); loss_gap = final-answer loss "
+          "given the model's own chain minus given the correct chain.")
+    uri = info["tracking_uri"]
+    print(f"browse: python -m stabray ui --tracking-uri {uri}   (or: mlflow ui --backend-store-uri {uri})")
+    print(f"report: python -m stabray report --experiment {info['experiment']} --tracking-uri {uri}")
+    return df
+
+
+def baselines(spec) -> dict[str, float]:
+    from stabray.data.cache import load_splits
+    from stabray.tasks import get_task
+
+    task = get_task(spec.task.name, **spec.task.params)
+    if not task.trivial_baselines():
+        return {}
+    c = spec.task
+    test = load_splits(task, {"train": c.train_size, "val": c.val_size, "test": c.test_size}, seed=c.data_seed,
+                       splits=("train", "val", "test", *spec.eval.long_splits))["test"]
+    return {name: sum(task.is_correct(e, rule(e)) for e in test) / len(test)
+            for name, rule in task.trivial_baselines().items()}

@@ -1,0 +1,155 @@
+"""`python -m stabray sweep`: Optuna inside Ray Tune over a spec's search space, ASHA early
+stopping, a concurrency limit, every trial tracked in MLflow (parent run per sweep, child per trial)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from stabray.config import SweepSpec, set_path
+from stabray.errors import UserError
+from stabray.spec import space_path
+from stabray.tracking import Store, resolve_tracking_uri
+from stabray.tune.callbacks import MLflowTuneCallback
+from stabray.tune.trainable import BUNDLE, trainable
+
+
+def ray_space(spec: SweepSpec) -> dict[str, Any]:
+    """The trial config with Ray search domains at the searched paths."""
+    space = spec.trial_base()
+    for key, dist in spec.search.space.items():
+        kind = dist.kind()
+        v = getattr(dist, kind)
+        domain = {"choice": lambda: tune.choice(list(v)), "loguniform": lambda: tune.loguniform(*v),
+                  "uniform": lambda: tune.uniform(*v), "randint": lambda: tune.randint(v[0], v[1] + 1)}[kind]()
+        set_path(space, space_path(key), domain)
+    return space
+
+
+def init_ray(address: str | None = None) -> str:
+    """Join a running cluster (RAY_ADDRESS, or one started with `ray start` / `ray up`) or start a
+    local one. Returns a short description."""
+    if ray.is_initialized():
+        return "already initialised"
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    addr = address or os.environ.get("RAY_ADDRESS")
+    kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if addr:
+        ray.init(address=addr, **kwargs)
+        return f"joined Ray cluster at {addr}"
+    try:
+        ray.init(address="auto", **kwargs)
+        return "joined the running Ray cluster"
+    except (ConnectionError, RuntimeError, ValueError):
+        ray.init(**kwargs)
+        return "started a local Ray instance"
+
+
+def check_resources(spec: SweepSpec) -> None:
+    """Fail fast when one trial asks for more than the whole cluster has (it would wait forever)."""
+    total = ray.cluster_resources()
+    for key, want in (("CPU", spec.resources.cpu), ("GPU", spec.resources.gpu)):
+        have = total.get(key, 0.0)
+        if want > have:
+            raise UserError(f"resources.{key.lower()}: each trial asks for {want:g} {key}, but the Ray cluster "
+                            f"has {have:g} in all; lower the request or add nodes")
+
+
+def storage_root(spec: SweepSpec, flag: str | None) -> Path:
+    return Path(flag or spec.storage or "stabray_runs").absolute()
+
+
+def latest_run_dir(root: Path, name: str) -> Path | None:
+    dirs = sorted(root.glob(f"{name}-2*"), key=lambda p: p.name)
+    return dirs[-1] if dirs else None
+
+
+def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, resume: bool):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import ConcurrencyLimiter
+
+    s = spec.search
+    train_fn = tune.with_resources(trainable, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    if resume:
+        return tune.Tuner.restore(str(run_dir), trainable=train_fn, resume_unfinished=True, resume_errored=True)
+    if s.searcher == "optuna":
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        searcher = OptunaSearch(metric=s.metric, mode=s.mode, sampler=optuna.samplers.TPESampler(seed=spec.seed))
+        searcher = ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent)
+    else:
+        searcher = None
+    scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=spec.train.epochs,
+                               grace_period=min(s.grace_period, spec.train.epochs), reduction_factor=s.reduction_factor)
+                 if s.scheduler == "asha" else FIFOScheduler())
+    return tune.Tuner(
+        train_fn,
+        param_space=ray_space(spec),
+        tune_config=tune.TuneConfig(metric=s.metric, mode=s.mode, search_alg=searcher, scheduler=scheduler,
+                                    num_samples=s.num_samples,
+                                    max_concurrent_trials=s.max_concurrent if searcher is None else None),
+        run_config=tune.RunConfig(
+            name=run_dir.name, storage_path=str(run_dir.parent), callbacks=[callback],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=s.max_failures), verbose=1),
+    )
+
+
+def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | None = None,
+              storage: str | None = None, resume: bool = False, address: str | None = None):
+    """Run (or resume) a sweep. Returns (ResultGrid, info dict with uri, experiment, parent id, dir)."""
+    uri = resolve_tracking_uri(tracking_uri, spec.mlflow.tracking_uri)
+    experiment = spec.mlflow.experiment or spec.name
+    root = storage_root(spec, storage)
+    if resume:
+        run_dir = latest_run_dir(root, spec.name)
+        if run_dir is None or not (run_dir / "tuner.pkl").exists():
+            raise UserError(f"--resume: no earlier sweep {spec.name!r} under {root}")
+    else:
+        run_dir = root / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    store = Store(uri, experiment)  # fails fast on a bad tracking URI, before Ray starts
+    how = init_ray(address)
+    check_resources(spec)
+    if resume:
+        tuner = make_tuner(spec, run_dir, None, resume=True)
+        cb = next((c for c in tuner._local_tuner._run_config.callbacks if isinstance(c, MLflowTuneCallback)), None)
+        parent = cb.parent_run_id if cb else None
+    else:
+        parent = store.start_parent(spec.name, run_dir.name, spec.model_dump())
+        cb = MLflowTuneCallback(uri, experiment, parent)
+        tuner = make_tuner(spec, run_dir, cb, resume=False)
+    info = {"tracking_uri": uri, "experiment": experiment, "parent_run_id": parent, "run_dir": str(run_dir), "ray": how}
+    print(f"stabray: {how}; results in {run_dir}; MLflow {uri} experiment {experiment!r}", flush=True)
+    grid = tuner.fit()
+    if parent:
+        store.end(parent, "FINISHED")
+    return grid, info
+
+
+def run_configs(configs: list[dict[str, Any]], experiment: str, tracking_uri: str | None = None,
+                storage: str | None = None, cpu: float = 1.0, gpu: float = 0.0, name: str = "rerun"):
+    """Run fixed trial configs (e.g. a selected configuration with several seeds) as one Ray Tune
+    run, logged to `experiment` under a new parent run."""
+    uri = resolve_tracking_uri(tracking_uri)
+    store = Store(uri, experiment)
+    init_ray()
+    run_dir = Path(storage or "stabray_runs").absolute() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parent = store.start_parent(name, run_dir.name, {"configs": configs})
+    cb = MLflowTuneCallback(uri, experiment, parent)
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu}),
+        param_space={BUNDLE: tune.grid_search([copy.deepcopy(c) for c in configs])},
+        run_config=tune.RunConfig(name=run_dir.name, storage_path=str(run_dir.parent), callbacks=[cb],
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1), verbose=1),
+    )
+    grid = tuner.fit()
+    store.end(parent, "FINISHED")
+    return grid
+
