@@ -184,6 +184,7 @@ def test_weight_noise_restores_weights(setup):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.slow  # trains one epoch first (~25 s CPU)
 def test_cli_on_a_qat_checkpoint(tmp_path, capsys):
     from stabray.cli import main
     from stabray.train.run import TrialRun
