@@ -38,12 +38,13 @@ class LoraCfg(Strict):
 class ModelCfg(Strict):
     pretrained: str | None = None  # hub name or local directory; None = the embedded decoder
     lora: LoraCfg | None = None
-    preset: Literal["tiny", "small", "base"] = "small"
+    preset: Literal["tiny", "mini", "small", "base"] = "small"
     hidden_size: int | None = Field(None, gt=0)
     num_layers: int | None = Field(None, gt=0)
     num_heads: int | None = Field(None, gt=0)
     intermediate_size: int | None = Field(None, gt=0)
     max_positions: int = Field(2048, gt=0)
+    family: Literal["qwen2", "gpt2"] = "qwen2"  # embedded architecture (RoPE vs learned absolute positions)
 
 
 class MethodCfg(Strict):

@@ -46,11 +46,12 @@ class Encoder:
     def prompt(self, prompt: str) -> list[int]:
         return [*self.bos, *self.ids(prompt)]
 
-    def encode(self, prompt: str, steps: list[str] | tuple[str, ...], final: str) -> Encoded:
+    def encode(self, prompt: str, steps: list[str] | tuple[str, ...] | None, final: str) -> Encoded:
+        """steps None: answer only (the final); a tuple, even empty: the chain form "s1, s2 | final"."""
         ids = self.prompt(prompt)
         prompt_len = len(ids)
         spans = []
-        for k, step in enumerate(steps):
+        for k, step in enumerate(steps or ()):
             if k:
                 ids += self.ids(STEP_SEP)
             start = len(ids)
@@ -58,6 +59,8 @@ class Encoder:
             spans.append((start, len(ids)))
         if steps:
             ids += self.ids(FINAL_SEP)
+        elif steps is not None:
+            ids += self.ids(FINAL_SEP.lstrip())
         start = len(ids)
         ids += self.ids(final) + self.ids(END) + (self.eos,)
         labels = [IGNORE] * prompt_len + ids[prompt_len:]

@@ -9,8 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stabray.data.encode import IGNORE, Encoder, collate
-from stabray.evaluate.generate import greedy
+from stabray.data.encode import IGNORE, Encoder
 from stabray.tasks.base import END, FINAL_SEP, Example, Task, extract_final
 
 
@@ -52,24 +51,25 @@ def final_answer_loss(model, encoder: Encoder, items: list[tuple[list[int], int]
     return np.asarray(out)
 
 
-def evaluate_split(model, encoder: Encoder, task: Task, examples: list[Example], prompt_fn,
+def evaluate_split(model, encoder: Encoder, task: Task, examples: list[Example], method,
                    device="cpu", loss_gap: bool = False, batch_size: int = 64,
                    max_new_tokens: int | None = None) -> EvalResult:
-    """Greedy-decode each example from `prompt_fn(example)` and score the final answer."""
+    """Decode each example from the method's prompt with the method's decoding (greedy to EOS) and
+    score the final answer by exact match."""
     tok = encoder.tok
-    prompts = [prompt_fn(ex) for ex in examples]
+    prompts = [method.eval_prompt(ex) for ex in examples]
     if max_new_tokens is None:
         max_new_tokens = max(len(encoder.encode(p, ex.steps, ex.final).input_ids) - len(encoder.prompt(p))
                              for p, ex in zip(prompts, examples)) + 8
-    gen = greedy(model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
+    gen = method.generate(model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
     texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
     correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
     res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
     if loss_gap:
-        sep = encoder.ids(FINAL_SEP)
+        sep = encoder.ids(FINAL_SEP.strip())
         gold, own = [], []
         for p, ex, g in zip(prompts, examples, gen):
-            e = encoder.encode(p, ex.steps, ex.final)
+            e = encoder.encode(p, method.eval_steps(ex), ex.final)
             gold.append((list(e.input_ids), e.final_span[0]))
             pos = _find_last(g, sep) if sep else -1
             prefix = list(encoder.prompt(p)) + (g[:pos + len(sep)] if pos >= 0 else [])

@@ -53,12 +53,27 @@ class Method:
     def trainable_parameters(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
         return [p for p in model.parameters() if p.requires_grad]
 
-    def train_view(self, ex: Example, epoch: int, rng: np.random.Generator) -> tuple[str, tuple[str, ...]]:
-        """(prompt, steps) the model is trained on for this example in this epoch."""
+    def train_view(self, ex: Example, epoch: int, rng: np.random.Generator) -> tuple[str, tuple[str, ...] | None]:
+        """(prompt, steps) the model is trained on for this example in this epoch; steps None =
+        answer only (no separator), a tuple (even empty) = the chain form "s1, s2 | final"."""
         return ex.question, ex.steps
 
+    # Whether the model answers with a chain ("s1, s2 | final") at evaluation; False = answer only.
+    chain_at_eval: ClassVar[bool] = True
+
     def eval_prompt(self, ex: Example) -> str:
-        return ex.question
+        return ex.question if self.chain_at_eval else ex.question_nohint
+
+    def eval_steps(self, ex: Example) -> tuple[str, ...] | None:
+        """The ground-truth chain the model is scored against for the loss gap and the EAF."""
+        return ex.steps if self.chain_at_eval else None
+
+    def generate(self, model, encoder, prompts: list[str], max_new_tokens: int, batch_size: int = 64,
+                 device="cpu") -> list[list[int]]:
+        """Greedy decoding to EOS (Coconut overrides: latent thoughts first)."""
+        from stabray.evaluate.generate import greedy
+
+        return greedy(model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token cross-entropy over the answer tokens."""

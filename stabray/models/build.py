@@ -16,6 +16,7 @@ import torch
 PRESETS: dict[str, dict[str, int]] = {
     # name: embedded decoder shape. "tiny" is what tests use; "small" is the laptop default.
     "tiny": dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+    "mini": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
     "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),
     "base": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=1024),
 }
@@ -39,6 +40,7 @@ class ModelSpec:
     num_heads: int | None = None
     intermediate_size: int | None = None
     max_positions: int = 2048  # context length of the embedded decoder
+    family: str = "qwen2"  # embedded architecture: qwen2 (RoPE) | gpt2 (learned absolute positions)
     extra: dict[str, Any] = field(default_factory=dict)  # more transformers config fields
 
     @property
@@ -74,6 +76,15 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     if spec.pretrained is None:
         s = spec.shape()
+        if spec.family == "gpt2":
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=s["hidden_size"], n_layer=s["num_layers"],
+                             n_head=s["num_heads"], n_inner=s["intermediate_size"], n_positions=spec.max_positions,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, attn_implementation="eager",
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **spec.extra)
+            return GPT2LMHeadModel(cfg)
         cfg = Qwen2Config(
             vocab_size=len(tokenizer), hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
             num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],

@@ -30,16 +30,22 @@ class Example:
     question_nohint: str  # prompt that asks for the answer only, e.g. "dijkstra:\n...\npi:\n"
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
-    def render_answer(self, steps: tuple[str, ...] | list[str] | None = None) -> str:
-        """The answer text for the given steps (all of them when None). No steps: the final only."""
-        steps = self.steps if steps is None else steps
-        body = f"{STEP_SEP.join(steps)}{FINAL_SEP}{self.final}" if steps else self.final
+    def render_answer(self, steps: tuple[str, ...] | list[str] | None) -> str:
+        """The answer text for the given kept steps: "s1, s2 | final". An empty tuple still writes
+        the separator ("| final"), so every chain-of-thought answer has the same shape; None means
+        answer only (No CoT: the final alone, asked for by `question_nohint`)."""
+        if steps is None:
+            body = self.final
+        elif steps:
+            body = f"{STEP_SEP.join(steps)}{FINAL_SEP}{self.final}"
+        else:
+            body = f"{FINAL_SEP.lstrip()}{self.final}"
         return body + END
 
     @property
     def answer(self) -> str:
         """The full answer with every step, exactly as SFT-CoT trains on it."""
-        return self.render_answer()
+        return self.render_answer(self.steps)
 
     def to_record(self) -> dict[str, Any]:
         return {"question": self.question, "steps": list(self.steps), "final": self.final,

@@ -28,7 +28,7 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
                     target_modules=tuple(m.lora.target_modules)) if m.lora else None
     return ModelSpec(pretrained=m.pretrained, lora=lora, preset=m.preset, hidden_size=m.hidden_size,
                      num_layers=m.num_layers, num_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                     max_positions=m.max_positions)
+                     max_positions=m.max_positions, family=m.family)
 
 
 class TrialRun:
@@ -81,12 +81,13 @@ class TrialRun:
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, n: int = 0, loss_gap: bool = False):
         exs = self.data[split][:n] if n else self.data[split]
-        return evaluate_split(self.model, self.encoder, self.task, exs, self.method.eval_prompt,
+        return evaluate_split(self.model, self.encoder, self.task, exs, self.method,
                               device=self.device, loss_gap=loss_gap, batch_size=self.cfg.eval.batch_size)
 
     def eval_encoded(self, split: str, n: int):
         """Examples encoded with every ground-truth step (the stability measure's input)."""
-        return [self.encoder.encode(self.method.eval_prompt(e), e.steps, e.final) for e in self.data[split][:n]]
+        return [self.encoder.encode(self.method.eval_prompt(e), self.method.eval_steps(e), e.final)
+                for e in self.data[split][:n]]
 
     def eaf(self, split: str = "val") -> float | None:
         ev = self.cfg.eval
@@ -135,6 +136,22 @@ class TrialRun:
         if e is not None:
             out["final_eaf"] = e
         return out
+
+    def decomposition(self, n: int, split: str = "test") -> list[dict[str, float]]:
+        """The eq. (4) table (Table 2 columns) for T = 1 .. T_max on n examples of a split."""
+        from stabray.stability import decompose
+
+        ev = self.cfg.eval
+        return decompose(self.model, self.encoder, self.data[split][:n], iters=ev.eaf_iters,
+                         token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, seed=self.cfg.seed)
+
+    def weight_noise(self, seeds: int, n: int = 64, split: str = "test", sigma: float = 0.005) -> float:
+        """Appendix B.2: mean increase of the inference loss under N(0, sigma^2) weight noise."""
+        from stabray.stability import inference_loss, weight_noise_stability
+
+        exs = self.data[split][:n]
+        return weight_noise_stability(self.model, lambda m: inference_loss(m, self.encoder, exs), sigma=sigma,
+                                      seeds=seeds)
 
     def baselines(self, split: str = "test") -> dict[str, float]:
         """Accuracy of the task's trivial rules on a split (context for the model's accuracy)."""

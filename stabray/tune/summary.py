@@ -42,7 +42,8 @@ def print_summary(spec, grid, info: dict[str, Any], wall_s: float) -> pl.DataFra
     print(f"\n== sweep {spec.name}: {df.height} trials ({n_err} failed) in {wall_s / 60:.1f} min ==")
     show = df.select([c for c in COLS if c in df.columns and (c != "lora_rank" or spec.model.lora)]).head(10)
     with pl.Config(tbl_rows=12, tbl_cols=20, float_precision=3, tbl_hide_dataframe_shape=True,
-                   tbl_hide_column_data_types=True, fmt_str_lengths=12):
+                   tbl_hide_column_data_types=True, fmt_str_lengths=10, tbl_width_chars=250,
+                   tbl_formatting="ASCII_MARKDOWN"):
         print(show)
     base = baselines(spec)
     if base:

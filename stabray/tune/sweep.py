@@ -32,12 +32,19 @@ def ray_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
+def trial_name(trial) -> str:
+    """Short trial names (Ray's default puts the whole config into the directory name)."""
+    return f"trial_{trial.trial_id}"
+
+
 def init_ray(address: str | None = None) -> str:
     """Join a running cluster (RAY_ADDRESS, or one started with `ray start` / `ray up`) or start a
     local one. Returns a short description."""
     if ray.is_initialized():
         return "already initialised"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # one line per trial event instead of Ray's full-config status boxes
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     addr = address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if addr:
@@ -93,7 +100,8 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
         train_fn,
         param_space=ray_space(spec),
         tune_config=tune.TuneConfig(metric=s.metric, mode=s.mode, search_alg=searcher, scheduler=scheduler,
-                                    num_samples=s.num_samples,
+                                    num_samples=s.num_samples, trial_name_creator=trial_name,
+                                    trial_dirname_creator=trial_name,
                                     max_concurrent_trials=s.max_concurrent if searcher is None else None),
         run_config=tune.RunConfig(
             name=run_dir.name, storage_path=str(run_dir.parent), callbacks=[callback],

@@ -46,11 +46,7 @@ def final_stability(run) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ev = run.cfg.eval
     if ev.decomposition_examples:
-        from stabray.stability import decomposition_for_run
-
-        out["stability_table"] = decomposition_for_run(run, ev.decomposition_examples)
+        out["stability_table"] = run.decomposition(ev.decomposition_examples)
     if ev.weight_noise_seeds:
-        from stabray.stability import weight_noise_for_run
-
-        out["weight_noise_loss_increase"] = weight_noise_for_run(run, ev.weight_noise_seeds)
+        out["weight_noise_loss_increase"] = run.weight_noise(ev.weight_noise_seeds)
     return out

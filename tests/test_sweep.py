@@ -1,0 +1,99 @@
+"""The sweep command end to end (Ray + Optuna + ASHA + MLflow) on a tiny config, and spec
+validation errors (exit code 2, naming the field and the file, before Ray starts)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stabray.cli import main
+
+SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+
+
+def write_spec(tmp_path, **over):
+    spec = {
+        "include": str(SWEEPS / "_base.yaml"),
+        "name": "mini",
+        "task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 48, "val_size": 8,
+                 "test_size": 8},
+        "model": {"preset": "tiny"},
+        "train": {"epochs": 2, "batch_size": 16, "warmup_steps": 1},
+        "eval": {"eaf_examples": 4, "eaf_iters": 2, "decomposition_examples": 0, "long_splits": ["test_long"]},
+        "search": {"num_samples": 2, "max_concurrent": 2},
+        "device": "cpu",
+    }
+    for k, v in over.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    p = tmp_path / "mini.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def test_mini_sweep_logs_parent_and_children(tmp_path, monkeypatch, capsys):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    rc = main(["sweep", str(write_spec(tmp_path)), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "== sweep mini: 2 trials (0 failed)" in out and "browse: python -m stabray ui" in out
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("mini")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get("stabray.role") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("stabray.role") == "trial"]
+    assert len(parents) == 1 and len(children) == 2  # no duplicates
+    pid = parents[0].info.run_id
+    for c in children:
+        assert c.data.tags["mlflow.parentRunId"] == pid and c.info.status == "FINISHED"
+        assert {"task", "method", "lam", "bits", "lr", "seed", "model"} <= set(c.data.params)
+        assert float(c.data.params["lam"]) in (0.1, 0.2, 0.5, 1.0)
+        assert int(c.data.params["bits"]) in (1, 2, 3, 4, 32)
+        assert {"val_acc", "eaf", "train_loss"} <= set(c.data.metrics)
+        hist = client.get_metric_history(c.info.run_id, "val_acc")
+        assert sorted(m.step for m in hist) == list(range(1, len(hist) + 1))  # one value per epoch
+        if c.data.metrics.get("test_acc") is not None:  # ran every epoch (ASHA may stop one)
+            assert {"test_long_acc", "loss_gap", "final_eaf"} <= set(c.data.metrics)
+        cfg = json.loads(Path(client.download_artifacts(c.info.run_id, "trial_config.json", str(tmp_path))).read_text())
+        assert cfg["task"]["name"] == "dijkstra"
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"task": {"params": {"n_nodse": 4}}}, "task.params"),
+    ({"task": {"name": "dijkstar"}}, "task.name"),
+    ({"method": {"name": "alg2"}}, "method.name"),
+    ({"search": {"space": {"lam": {"choice": [0.0, 0.5]}}}}, "search.space.lam"),
+    ({"search": {"space": {"bits": {"choice": [1, 5]}}}}, "search.space.bits"),
+    ({"search": {"space": {"lr": {"loguniform": [-1.0, 1.0e-3]}}}}, "search.space.lr"),
+    ({"train": {"epochz": 3}}, "train.epochz"),
+    ({"resources": {"gpu": -1}}, "resources.gpu"),
+    ({"search": {"space": {"lora_rank": {"choice": [16]}}}}, "search.space.lora_rank"),
+])
+def test_spec_errors_exit_2_naming_field_and_file(tmp_path, capsys, over, field):
+    path = write_spec(tmp_path, **over)
+    rc = main(["sweep", str(path), "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert str(path) in err and field in err
+    assert not (tmp_path / "runs").exists()  # failed before Ray started
+
+
+def test_unknown_spec_name(capsys):
+    assert main(["sweep", "dijkstr"]) == 2
+    assert "did you mean dijkstra" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(p for p in SWEEPS.rglob("*.yaml") if not p.name.startswith("_")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_spec_validates(path):
+    from stabray.spec import load_spec
+
+    spec, _ = load_spec(str(path))
+    assert spec.name and spec.search.num_samples >= 1
+    assert path.read_text().startswith("#")  # opens with what it studies and the command
+    assert "python -m stabray sweep" in path.read_text().split("\ninclude")[0]
