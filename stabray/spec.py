@@ -24,10 +24,11 @@ def find_spec(name_or_path: str) -> Path:
             raise UserError(f"sweep spec not found: {p}")
         return p
     for d in (Path.cwd() / "sweeps", SWEEPS_DIR):
-        cand = d / f"{name_or_path}.yaml"
+        cand = d / f"{name_or_path}.yaml"  # "paper/dijkstra" finds sweeps/paper/dijkstra.yaml
         if cand.exists():
             return cand
-    shipped = sorted(q.stem for q in SWEEPS_DIR.glob("*.yaml") if not q.stem.startswith("_"))
+    shipped = sorted(str(q.relative_to(SWEEPS_DIR).with_suffix("")) for q in SWEEPS_DIR.rglob("*.yaml")
+                     if not q.stem.startswith("_"))
     import difflib
     close = difflib.get_close_matches(name_or_path, shipped, n=3)
     hint = f" did you mean {' or '.join(close)}?" if close else ""
