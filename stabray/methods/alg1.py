@@ -77,7 +77,6 @@ class Alg1Params:
 class Alg1(Method):
     name = "alg1"
     Params = Alg1Params
-    default_space = {"lam": {"choice": [0.1, 0.2, 0.5, 1.0]}, "bits": {"choice": [1, 2, 3, 4, 32]}}
 
     def validate(self) -> None:
         p = self.params

@@ -9,6 +9,8 @@ one `METHODS.register(...)` per method.
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,12 +26,44 @@ class NoParams:
     pass
 
 
+SPACES_FILE = Path(__file__).with_name("spaces.yaml")
+SPACE_KINDS = ("choice", "loguniform", "uniform", "randint")
+
+
+@lru_cache(maxsize=1)
+def load_spaces() -> dict[str, dict[str, dict[str, Any]]]:
+    """{method: {param: spec}} from spaces.yaml, each spec exactly one of SPACE_KINDS."""
+    import yaml
+
+    data = yaml.safe_load(SPACES_FILE.read_text()) or {}
+    for method, space in data.items():
+        for param, spec in (space or {}).items():
+            if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SPACE_KINDS:
+                raise UserError(f"{SPACES_FILE}: {method}.{param}: a space is one of "
+                                f"{{{' | '.join(SPACE_KINDS)}: ...}}, got {spec!r}")
+    return {m: dict(s or {}) for m, s in data.items()}
+
+
 class Method:
     name: ClassVar[str]
     Params: ClassVar[type] = NoParams
     # Default Optuna/Ray search space of this method's hyperparameters: {param: spec}, where spec is
     # {"choice": [...]}, {"loguniform": [lo, hi]}, {"uniform": [lo, hi]} or {"randint": [lo, hi]}.
+    # Filled from spaces.yaml (the entry under the method's name) when the subclass is defined.
     default_space: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        name = cls.__dict__.get("name")
+        if name is None or "default_space" in cls.__dict__:
+            return
+        space = load_spaces().get(name, {})
+        known = {f.name for f in dataclasses.fields(cls.Params)}
+        for key in space:
+            if key not in known:
+                raise UserError(f"{SPACES_FILE}: method {name!r} has no hyperparameter {key!r}; "
+                                f"known: {', '.join(sorted(known)) or '(none)'}")
+        cls.default_space = space
 
     def __init__(self, **params: Any):
         names = {f.name for f in dataclasses.fields(self.Params)}
@@ -47,6 +81,11 @@ class Method:
         return dataclasses.asdict(self.params)
 
     # -- hooks the training loop calls ---------------------------------------------------------
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Called with the tokenizer before the model is built. A method that needs token ids or
+        new tokens (Coconut: <bot>, <eot>, <latent>) takes them here; tokens added here make
+        `build_model` resize the embeddings."""
+
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 

@@ -1,0 +1,299 @@
+"""Every registered method on a tiny config through the real entry point (TrialRun): a finite,
+falling loss; gradients on exactly the parameters the method trains (embedded model and LoRA);
+generation that the task can score; identical results under a fixed seed. Then each method's own
+mechanics against a hand computation: the implicit-CoT schedule, Coconut's latent passes and
+decoding, NSO's symmetric gradient, Algorithm 1's ablations."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from stabray.data.encode import collate
+from stabray.errors import UserError
+from stabray.methods import METHODS, get_method
+from stabray.methods.alg1 import GaussianWeightNoise, compress_indices
+from stabray.methods.base import load_spaces
+from stabray.methods.coconut import LATENT
+from stabray.methods.implicit_cot import drop_leading_tokens
+from stabray.methods.qat import quantize
+from stabray.tasks import extract_final, get_task
+from stabray.tasks.base import _TOKEN, Example
+from stabray.train.run import TrialRun
+
+# Method settings that exercise each method's mechanics within 3 epochs (unknown methods: defaults).
+PARAMS = {"alg1": {"lam": 0.5, "bits": 2}, "coconut": {"max_stage": 1},
+          "implicit_cot": {"remove_per_epoch": 2.0}, "nso": {"sigma": 0.01}}
+EPOCHS = 3
+
+
+def config(cache_dir, name, **over):
+    cfg = {"task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 48,
+                    "val_size": 8, "test_size": 8},
+           "model": {"preset": "tiny"}, "method": {"name": name, "params": PARAMS.get(name, {})},
+           "train": {"epochs": EPOCHS, "batch_size": 16, "lr": 1e-2, "warmup_steps": 1},
+           "eval": {"eaf_examples": 0, "long_splits": []}, "seed": 0, "device": "cpu", "cache_dir": cache_dir}
+    cfg.update(over)
+    return cfg
+
+
+def fixed_batch(run, epoch):
+    """The first 16 training examples as the method shows them at `epoch`."""
+    rng = np.random.default_rng([0, epoch])
+    items = [run.encoder.encode(*run.method.train_view(e, epoch, rng), e.final) for e in run.data["train"][:16]]
+    return collate(items, run.encoder.pad)
+
+
+def eval_loss(run, batch):
+    run.model.eval()
+    with torch.no_grad():
+        loss = float(run.method.loss(run.model, batch))
+    run.model.train()
+    return loss
+
+
+# -- the battery: every registered method ----------------------------------------------------------
+@pytest.mark.parametrize("name", METHODS.names())
+def test_method_trains_evaluates_and_repeats(name, cache_dir):
+    run = TrialRun(config(cache_dir, name))
+    probe = fixed_batch(run, EPOCHS - 1)  # the view the last epoch trains on
+    before = eval_loss(run, probe)
+    losses = [run.trainer.train_epoch()["train_loss"] for _ in range(EPOCHS)]
+    after = eval_loss(run, probe)
+    assert np.all(np.isfinite(losses)) and np.isfinite(after)
+    assert after < before - 0.1, (before, after, losses)
+    res = run.evaluate("val")
+    assert 0.0 <= res.acc <= 1.0 and len(res.predictions) == 8
+    assert sum(bool(extract_final(p)) for p in res.predictions) >= 4, res.predictions
+    again = TrialRun(config(cache_dir, name))  # same seed: the same first epoch, bit for bit
+    assert again.trainer.train_epoch()["train_loss"] == losses[0]
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_gradients_on_every_weight_of_the_embedded_model(name, cache_dir):
+    run = TrialRun(config(cache_dir, name))
+    params = dict(run.model.named_parameters())
+    assert all(p.requires_grad for p in params.values())  # from scratch: everything trains
+    run.method.step(run.model, fixed_batch(run, EPOCHS - 1), run.trainer.optimizer)
+    assert {n for n, p in params.items() if p.grad is not None} == set(params)
+
+
+@pytest.fixture(scope="module")
+def local_pretrained(tmp_path_factory):
+    """A tiny random Llama checkpoint with its own tokenizer, saved like a hub model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from stabray.data.splits import make_splits
+    from stabray.data.tokenizer import build_tokenizer
+
+    task = get_task("dijkstra", n_nodes=4, decimals=1)
+    splits = make_splits(task, {"train": 48, "val": 8, "test": 8}, splits=("train", "val", "test"))
+    tok = build_tokenizer([t for exs in splits.values() for e in exs for t in (e.question, e.question_nohint, e.answer)])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id))
+    path = tmp_path_factory.mktemp("pretrained") / "tiny-llama"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_lora_trains_only_adapters(name, cache_dir, local_pretrained):
+    run = TrialRun(config(cache_dir, name, model={"pretrained": local_pretrained, "lora": {"rank": 4, "alpha": 8}}))
+    params = dict(run.model.named_parameters())
+    trainable = {n for n, p in params.items() if p.requires_grad}
+    # LoRA A/B, plus Coconut's <bot>/<eot> embedding rows (peft TrainableTokens)
+    assert trainable and all("lora_" in n or "trainable_tokens_delta" in n for n in trainable)
+    assert any("trainable_tokens_delta" in n for n in trainable) == (name == "coconut")
+    before = {n: p.detach().clone() for n, p in params.items()}
+    run.trainer.train_epoch()
+    assert {n for n, p in params.items() if p.grad is not None} <= trainable
+    changed = {n for n, p in params.items() if not torch.equal(before[n], p.detach())}
+    assert changed and changed <= trainable
+    res = run.evaluate("val", n=4)
+    assert len(res.predictions) == 4
+
+
+def test_spaces_yaml_covers_every_method():
+    spaces = load_spaces()
+    for name in METHODS.names():
+        cls = METHODS.get(name)
+        fields = {f.name for f in __import__("dataclasses").fields(cls.Params)}
+        assert set(cls.default_space) <= fields
+        if name in spaces:
+            assert cls.default_space == spaces[name]
+
+
+# -- implicit CoT ----------------------------------------------------------------------------------
+EX = Example(question="q:\ntrace | pi:\n", steps=("[0 0 1]", "[0 0 0]", "[1 0 0]"), final="[1 1 0]",
+             question_nohint="q:\npi:\n")
+
+
+@pytest.mark.parametrize("per_epoch", [0.5, 1.0, 2.0])
+def test_implicit_removes_leading_steps_linearly(per_epoch):
+    m = get_method("implicit_cot", remove_per_epoch=per_epoch)
+    rng = np.random.default_rng(0)
+    for epoch in range(8):
+        prompt, steps = m.train_view(EX, epoch, rng)
+        gone = min(3, int(np.floor(per_epoch * epoch)))
+        assert prompt == EX.question and steps == EX.steps[gone:]  # leading steps go first
+    assert m.eval_prompt(EX) == EX.question and m.eval_steps(EX) == ()  # answers "| final"
+
+
+def test_implicit_token_unit_cuts_inside_a_step():
+    n_tok = [len(_TOKEN.findall(s)) for s in EX.steps]  # 5 tokens each: [ 0 0 1 ]
+    m = get_method("implicit_cot", remove_per_epoch=3, unit="tokens")
+    rng = np.random.default_rng(0)
+    assert m.train_view(EX, 0, rng)[1] == EX.steps
+    assert m.train_view(EX, 1, rng)[1] == ("1]", "[0 0 0]", "[1 0 0]")  # 3 tokens gone
+    assert m.train_view(EX, 2, rng)[1] == ("0 0 0]", "[1 0 0]")  # 6 = the first step and "["
+    for n in range(sum(n_tok) + 2):
+        kept = drop_leading_tokens(EX.steps, n)
+        assert sum(len(_TOKEN.findall(s)) for s in kept) == max(0, sum(n_tok) - n)
+    with pytest.raises(UserError, match="unit"):
+        get_method("implicit_cot", unit="words")
+
+
+# -- Coconut ---------------------------------------------------------------------------------------
+def test_coconut_curriculum_and_latent_count():
+    m = get_method("coconut", latents_per_step=2, max_stage=2, epochs_per_stage=2)
+    rng = np.random.default_rng(0)
+    for epoch, (skip, n_lat) in enumerate([(0, 0), (0, 0), (1, 2), (1, 2), (2, 4), (2, 4), (3, 4), (3, 4)]):
+        prompt, steps = m.train_view(EX, epoch, rng)
+        assert prompt == EX.question + "<bot>" + LATENT * n_lat + "<eot>" and steps == EX.steps[skip:]
+    assert m.eval_prompt(EX).count(LATENT) == 4 and m.eval_steps(EX) == ()
+    short = get_method("coconut", max_stage=5, pad_to_max=False)  # no padding: min(T, max_stage) latents
+    assert short.eval_prompt(EX).count(LATENT) == 3
+
+
+@pytest.fixture(scope="module")
+def coconut_run(tmp_path_factory):
+    cfg = config(str(tmp_path_factory.mktemp("cache")), "coconut", model={"preset": "mini"})
+    cfg["method"]["params"] = {"max_stage": 2}
+    return TrialRun(cfg)
+
+
+def test_coconut_latents_are_hidden_states_and_carry_gradient(coconut_run):
+    run, m = coconut_run, coconut_run.method
+    batch = fixed_batch(run, 2)  # stage 2: two latents after <bot>
+    lat = batch["input_ids"] == m.ids[LATENT]
+    assert (lat.sum(1) == 2).all()
+    ids, mask, labels = batch["input_ids"][:1], batch["attention_mask"][:1], batch["labels"][:1]
+    assert (labels[lat[:1]] == -100).all()  # no loss on latents
+    p0, p1 = [int(i) for i in lat[0].nonzero()]
+    model = run.model
+    probe = model.model.layers[0].self_attn.q_proj.weight  # an early-layer weight
+
+    def by_hand(detach):
+        x = model.get_input_embeddings()(ids)
+        for p in (p0, p1):  # each latent = last hidden state at the position before it
+            h = model(inputs_embeds=x[:, :p], output_hidden_states=True).hidden_states[-1][:, p - 1]
+            h = h.detach() if detach else h
+            x = torch.cat([x[:, :p], h[:, None], x[:, p + 1:]], 1)
+        loss = model(inputs_embeds=x, attention_mask=mask, labels=labels).loss
+        return loss, torch.autograd.grad(loss, probe)[0]
+
+    x, _ = m.fill_latents(model, ids, mask)
+    ref_loss, ref_grad = by_hand(detach=False)
+    loss = m.loss(model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
+    grad = torch.autograd.grad(loss, probe)[0]
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    _, cut_grad = by_hand(detach=True)  # without the latent path the early-layer gradient differs
+    assert (grad - cut_grad).norm() > 1e-3 * grad.norm()
+
+
+def test_coconut_generate_matches_naive_decoding(coconut_run):
+    run, m = coconut_run, coconut_run.method
+    exs = run.data["val"][:3]
+    prompts = [m.eval_prompt(e) for e in exs]
+    batched = m.generate(run.model, run.encoder, prompts, max_new_tokens=6, batch_size=3)
+    model = run.model.eval()
+    for p, got in zip(prompts, batched):  # one prompt at a time, no cache, no padding
+        ids = torch.tensor([run.encoder.prompt(p)])
+        with torch.no_grad():
+            x, _ = m.fill_latents(model, ids, torch.ones_like(ids))
+            want = []
+            for _ in range(6):
+                nxt = int(model(inputs_embeds=x).logits[0, -1].argmax())
+                if nxt == run.encoder.eos:
+                    break
+                want.append(nxt)
+                x = torch.cat([x, model.get_input_embeddings()(torch.tensor([[nxt]]))], 1)
+        assert got == want
+    run.model.train()
+
+
+# -- NSO -------------------------------------------------------------------------------------------
+class Cubic(nn.Module):
+    """loss = sum((W x)^3) / n: its gradient 3 (Wx)^2 x^T / n is not linear in W, so the +-U average
+    differs from the plain gradient by 3 (Ux)^2 x^T / n."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2, bias=False)
+
+    def forward(self, x):
+        return SimpleNamespace(loss=self.lin(x).pow(3).sum() / len(x))
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_nso_gradient_is_the_symmetric_average(m):
+    torch.manual_seed(0)
+    model, x = Cubic(), torch.randn(4, 3)
+    W = model.lin.weight.detach().clone()
+    method = get_method("nso", sigma=0.3, samples=m)
+    torch.manual_seed(123)
+    loss = method.step(model, {"x": x}, None)
+    torch.manual_seed(123)  # the same noise draws, by hand
+    expect, expect_loss = torch.zeros_like(W), 0.0
+    for _ in range(m):
+        U = torch.randn_like(W) * 0.3
+        for V in (W + U, W - U):
+            y = x @ V.T  # (n, 2)
+            expect += 3 * (y ** 2).T @ x / len(x) / (2 * m)
+            expect_loss += float(y.pow(3).sum() / len(x)) / (2 * m)
+    torch.testing.assert_close(model.lin.weight.grad, expect)
+    assert loss == pytest.approx(expect_loss, rel=1e-5)
+    assert torch.equal(model.lin.weight.detach(), W)  # weights restored exactly
+    plain = 3 * ((x @ W.T) ** 2).T @ x / len(x)
+    assert (model.lin.weight.grad - plain).norm() > 1e-3
+
+
+# -- Algorithm 1 ablations -------------------------------------------------------------------------
+def test_alg1_strategies_through_train_view():
+    ex = Example(question="q", steps=tuple(f"[{i}]" for i in range(10)), final="[9]", question_nohint="q")
+    rng = np.random.default_rng(0)
+    view = {s: get_method("alg1", lam=0.3, strategy=s).train_view(ex, 0, rng)[1]
+            for s in ("drop_first", "drop_last", "equal")}
+    assert view["drop_first"] == ("[7]", "[8]", "[9]") and view["drop_last"] == ("[0]", "[1]", "[2]")
+    assert view["equal"] == tuple(f"[{i}]" for i in compress_indices(10, 0.3, "equal", rng)) == ("[1]", "[5]", "[8]")
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_gaussian_noise_matches_quantization_scale(bits):
+    torch.manual_seed(0)
+    w = torch.randn(8, 4096)
+    noise = GaussianWeightNoise(bits)
+    err = (quantize(w, bits) - w).pow(2).mean(1).sqrt()  # per-row RMS of the quantization error
+    a, b = noise(w) - w, noise(w) - w
+    torch.testing.assert_close(a.pow(2).mean(1).sqrt(), err, rtol=0.05, atol=0)
+    assert not torch.equal(a, b)  # resampled every forward pass
+    assert torch.equal(noise.eval()(w), w)  # no noise at evaluation
+
+
+def test_alg1_gaussian_trains_with_noise_only_in_training(cache_dir):
+    cfg = config(cache_dir, "alg1")
+    cfg["method"]["params"] = {"lam": 0.5, "bits": 2, "noise": "gaussian"}
+    run = TrialRun(cfg)
+    batch = fixed_batch(run, 0)
+    run.model.train()
+    with torch.no_grad():
+        assert float(run.method.loss(run.model, batch)) != float(run.method.loss(run.model, batch))
+    assert eval_loss(run, batch) == eval_loss(run, batch)
+    assert np.isfinite(run.trainer.train_epoch()["train_loss"])
