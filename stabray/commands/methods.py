@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 
 def register(sub) -> None:
@@ -15,8 +16,10 @@ def run(args) -> int:
 
     for name in METHODS.names():
         cls = METHODS.get(name)
-        doc = (cls.__doc__ or __import__(cls.__module__, fromlist=["x"]).__doc__ or "").strip().splitlines()
-        print(f"{name}: {doc[0] if doc else ''}")
+        doc = (cls.__doc__ or __import__(cls.__module__, fromlist=["x"]).__doc__ or "").strip()
+        first = " ".join(doc.split("\n\n")[0].split())  # the first paragraph, then its first sentence
+        summary = re.split(r"(?<!\bal)\.\s", first)[0].rstrip(".")  # "et al. 2024" does not end it
+        print(f"{name}: {summary}")
         fields = dataclasses.fields(cls.Params)
         if not fields:
             print("    (no hyperparameters)")

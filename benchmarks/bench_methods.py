@@ -1,0 +1,109 @@
+"""Per-step training cost of every method relative to SFT-CoT, on the same embedded model
+(ModelSpec(preset="small")) and the same Dijkstra batch (n_nodes=10, 32 examples). Targets: QAT
+(alg1 at 1/2/4 bits, lam=1 so the sequence is SFT-CoT's) <= 1.3x; Coconut > 1 (sequential latent
+passes); NSO ~ 2m x (2m forward/backward passes).
+
+    python benchmarks/bench_methods.py [--smoke] [--json out.json] [--rounds 12]
+
+A step = zero_grad + method.step (forward and backward) + AdamW step, as the trainer runs it. Each
+variant has its own freshly prepared model from the same initial weights and sees the batch its
+method trains on: Coconut at curriculum stage 3 (three steps replaced by three latents, its most
+expensive stage), implicit CoT at epoch 2 (two steps removed). Variants are interleaved round by
+round and each ratio is the median step time over the rounds divided by SFT-CoT's median, so load
+from other processes hits all variants alike. torch uses 2 threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stabray.data.encode import Encoder, collate
+from stabray.data.splits import make_splits
+from stabray.data.tokenizer import build_tokenizer
+from stabray.methods import get_method
+from stabray.models.build import ModelSpec, build_model
+from stabray.tasks import get_task
+
+# label: (method, params, epoch whose training view is measured)
+VARIANTS = {
+    "sft_cot": ("sft_cot", {}, 0),
+    "no_cot": ("no_cot", {}, 0),
+    "implicit_cot@e2": ("implicit_cot", {"remove_per_epoch": 1.0}, 2),
+    "alg1 lam=1 1-bit": ("alg1", {"lam": 1.0, "bits": 1}, 0),
+    "alg1 lam=1 2-bit": ("alg1", {"lam": 1.0, "bits": 2}, 0),
+    "alg1 lam=1 4-bit": ("alg1", {"lam": 1.0, "bits": 4}, 0),
+    "alg1 lam=1 gauss2": ("alg1", {"lam": 1.0, "bits": 2, "noise": "gaussian"}, 0),
+    "alg1 lam=0.2 2-bit": ("alg1", {"lam": 0.2, "bits": 2}, 0),
+    "coconut@stage3": ("coconut", {"max_stage": 3, "latents_per_step": 1}, 3),
+    "nso m=1": ("nso", {"samples": 1}, 0),
+    "nso m=2": ("nso", {"samples": 2}, 0),
+}
+TARGETS = {"alg1 lam=1 1-bit": "<= 1.3", "alg1 lam=1 2-bit": "<= 1.3", "alg1 lam=1 4-bit": "<= 1.3",
+           "coconut@stage3": "> 1", "nso m=1": "~ 2", "nso m=2": "~ 4"}
+
+
+def build(label, tok, encoder, examples, preset):
+    name, params, epoch = VARIANTS[label]
+    method = get_method(name, **params)
+    method.bind_tokenizer(tok)
+    model = method.prepare(build_model(ModelSpec(preset=preset), tok, seed=0))
+    model.train()
+    rng = np.random.default_rng([0, epoch])
+    batch = collate([encoder.encode(*method.train_view(e, epoch, rng), e.final) for e in examples], encoder.pad)
+    params_ = method.trainable_parameters(model)
+    opt = torch.optim.AdamW(params_, lr=1e-4)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        method.step(model, batch, opt)
+        torch.nn.utils.clip_grad_norm_(params_, 1.0)
+        opt.step()
+        return time.perf_counter() - t0
+
+    return step, int(batch["attention_mask"].sum())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 4 examples, 2 rounds: checks it runs")
+    ap.add_argument("--json", help="write the measurements here")
+    ap.add_argument("--rounds", type=int, default=12, help="timed steps per variant (median taken)")
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    n_nodes, preset, bs, rounds = (5, "tiny", 4, 2) if args.smoke else (10, "small", args.batch, args.rounds)
+    task = get_task("dijkstra", n_nodes=n_nodes)
+    examples = make_splits(task, {"train": bs}, splits=("train",))["train"]
+    tok = build_tokenizer([t for e in examples for t in (e.question, e.question_nohint, e.answer)])
+    encoder = Encoder(tok)
+    steps, tokens = {}, {}
+    for label in VARIANTS:
+        steps[label], tokens[label] = build(label, tok, encoder, examples, preset)
+        steps[label]()  # warm-up (allocations, first-call overheads)
+    times = {label: [] for label in VARIANTS}
+    for _ in range(rounds):  # interleaved: every variant once per round
+        for label, step in steps.items():
+            times[label].append(step())
+    base = statistics.median(times["sft_cot"])
+    rows = {label: {"median_ms": 1e3 * statistics.median(t), "ratio": statistics.median(t) / base,
+                    "tokens": tokens[label], "target": TARGETS.get(label, "")} for label, t in times.items()}
+    print(f"dijkstra n_nodes={n_nodes}, preset={preset}, batch={bs}, rounds={rounds}, threads=2")
+    print(f"{'variant':<22}{'tokens':>8}{'ms/step':>10}{'x sft':>8}  target")
+    for label, r in rows.items():
+        print(f"{label:<22}{r['tokens']:>8}{r['median_ms']:>10.1f}{r['ratio']:>8.2f}  {r['target']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"smoke": args.smoke, "n_nodes": n_nodes, "preset": preset,
+                                               "batch": bs, "rounds": rounds, "variants": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
