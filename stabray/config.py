@@ -38,7 +38,7 @@ class LoraCfg(Strict):
 class ModelCfg(Strict):
     pretrained: str | None = None  # hub name or local directory; None = the embedded decoder
     lora: LoraCfg | None = None
-    preset: Literal["tiny", "mini", "small", "base"] = "small"
+    preset: Literal["tiny", "mini", "small", "base", "onelayer1h", "onelayer2h", "mtp_small", "mtp8"] = "small"
     hidden_size: int | None = Field(None, gt=0)
     num_layers: int | None = Field(None, gt=0)
     num_heads: int | None = Field(None, gt=0)
