@@ -136,7 +136,7 @@ class SearchCfg(Strict):
     max_concurrent: int = Field(2, ge=1)  # trials running at once
     metric: str = "val_acc"
     mode: Literal["max", "min"] = "max"
-    searcher: Literal["optuna", "random"] = "optuna"
+    searcher: Literal["optuna", "random", "grid"] = "optuna"  # grid: every combination of the choices
     scheduler: Literal["asha", "fifo"] = "asha"
     grace_period: int = Field(1, ge=1)  # ASHA: epochs before a trial can be stopped
     reduction_factor: int = Field(2, ge=2)  # ASHA: keep 1/reduction_factor at each rung
@@ -181,11 +181,18 @@ class SweepSpec(Strict):
         return d
 
 
-def deep_merge(base: dict, over: dict) -> dict:
+def deep_merge(base: dict, over: dict, path: tuple[str, ...] = ()) -> dict:
+    """`over` on top of `base`, key by key; a search distribution (search.space.<key>) is replaced
+    whole, so a spec can turn an included `loguniform` into a `choice`, and `null` removes an included
+    one (`space: {lam: null}`)."""
     out = copy.deepcopy(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
+        atomic = path[:2] == ("search", "space") and len(path) == 2
+        if atomic and v is None:
+            out.pop(k, None)
+            continue
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and not atomic:
+            out[k] = deep_merge(out[k], v, (*path, k))
         else:
             out[k] = copy.deepcopy(v)
     return out

@@ -119,5 +119,9 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             get_method(spec.method.name, **spec.method.params)
         except UserError as e:
             raise SpecError(where, "method.params", str(e)) from None
+    if spec.search.searcher == "grid":
+        ranged = [k for k, d in spec.search.space.items() if d.kind() != "choice"]
+        if ranged:
+            raise SpecError(where, f"search.space.{ranged[0]}", "a grid search takes only `choice` distributions")
     if spec.search.metric not in ("val_acc", "eaf", "train_loss"):
         raise SpecError(where, "search.metric", f"must be a per-epoch metric (val_acc, eaf, train_loss), got {spec.search.metric!r}")

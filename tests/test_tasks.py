@@ -69,7 +69,7 @@ def test_global_random_state_untouched(name):
     assert np.array_equal(np.random.get_state()[1], before)
 
 
-@pytest.mark.parametrize("name", ALL_TASKS)
+@pytest.mark.parametrize("name", CLRS_TASKS + LEGO_TASKS)  # vector-per-step layout; other tasks: test_planning_tasks.py
 def test_steps_and_final_parse(name):
     task = get_task(name)
     for ex, size in instances(name, n=50):

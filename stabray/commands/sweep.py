@@ -60,6 +60,10 @@ def run(args) -> int:
     grid, info = run_sweep(spec, path, tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume,
                            address=args.address)
     print_summary(spec, grid, info, time.perf_counter() - t0)
+    if not info.get("complete", True):
+        print(f"the sweep was interrupted before all {spec.search.num_samples} trials ended; continue it with:\n"
+              f"  python -m stabray sweep {args.spec} --resume" + (f" --storage {args.storage}" if args.storage else ""))
+        return 130
     return 0
 
 

@@ -24,10 +24,11 @@ def run(args) -> int:
 
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):]):
-        raise UserError(f"no MLflow database at {uri[len('sqlite:///'):]}; run a sweep first or pass --tracking-uri")
+        print(f"note: no MLflow database at {uri[len('sqlite:///'):]} yet; the server creates an empty one",
+              file=sys.stderr)
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
            "--port", str(args.port), "--workers", "1"]
-    proc = subprocess.Popen(cmd, start_new_session=args.no_wait)
+    proc = subprocess.Popen(cmd, start_new_session=args.no_wait, stdout=sys.stderr)  # our stdout: the URL
     url = f"http://{args.host}:{args.port}"
     for _ in range(120):
         if proc.poll() is not None:

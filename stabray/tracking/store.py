@@ -101,6 +101,16 @@ class Store:
         return self.client.search_runs([self.experiment_id], filter_string=f"tags.`{PARENT}` = '{parent_id}'",
                                        max_results=10000)
 
+    def find_child(self, parent_id: str, trial_id: str) -> str | None:
+        runs = self.client.search_runs([self.experiment_id], filter_string=(
+            f"tags.`{PARENT}` = '{parent_id}' and tags.`{TRIAL_ID}` = '{trial_id}'"), max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def last_step(self, run_id: str, key: str) -> int:
+        """The largest step logged for a metric (0 when none)."""
+        hist = self.client.get_metric_history(run_id, key)
+        return max((m.step for m in hist), default=0)
+
     def latest_parent(self, sweep: str):
         runs = self.client.search_runs([self.experiment_id],
                                        filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'",

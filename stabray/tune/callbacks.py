@@ -52,6 +52,7 @@ class MLflowTuneCallback(Callback):
         self.tracking_uri, self.experiment, self.parent_run_id = tracking_uri, experiment, parent_run_id
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
         self.ended: set[str] = set()
+        self.logged_step: dict[str, int] = {}  # last epoch logged per trial (not pickled: asked of MLflow)
         self._store: Store | None = None
 
     @property
@@ -66,9 +67,21 @@ class MLflowTuneCallback(Callback):
     def set_state(self, state: dict[str, Any]) -> None:
         self.runs = dict(state.get("runs", {}))
         self.ended = set(state.get("ended", set()))
+        self.logged_step = {}
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_store"] = None  # MLflow clients are not picklable; reconnect lazily
+        d["logged_step"] = {}
+        return d
 
     def _run_id(self, trial) -> str:
         if trial.trial_id not in self.runs:
+            # After a driver crash the restored state may predate a run we created: look it up first.
+            found = self.store.find_child(self.parent_run_id, trial.trial_id)
+            if found:
+                self.runs[trial.trial_id] = found
+                return found
             cfg = unwrap(trial.config)
             self.runs[trial.trial_id] = self.store.start_child(
                 self.parent_run_id, trial.trial_id, run_name=str(trial), params=trial_params(cfg),
@@ -80,9 +93,15 @@ class MLflowTuneCallback(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         rid = self._run_id(trial)
+        step = int(result.get("training_iteration", 0))
+        if trial.trial_id not in self.logged_step:  # first result since start or restore: ask MLflow
+            self.logged_step[trial.trial_id] = self.store.last_step(rid, "train_loss")
+        if step <= self.logged_step[trial.trial_id]:
+            return  # a resumed trial re-reporting an epoch already logged before the crash
+        self.logged_step[trial.trial_id] = step
         metrics = {k: v for k, v in result.items() if k not in RAY_KEYS}
         table = metrics.pop("stability_table", None)
-        self.store.log_metrics(rid, metrics, step=int(result.get("training_iteration", 0)))
+        self.store.log_metrics(rid, metrics, step=step)
         if table:
             log_stability_table(self.store, rid, table)
 

@@ -38,3 +38,14 @@ def assigned_cpus(default: int = 1) -> int:
         return max(1, int(round(cpus)))
     except Exception:  # outside Ray
         return default
+
+
+def placement() -> dict[str, Any]:
+    """Where the trial runs: Ray node id and the number of GPUs Ray assigned (reported per epoch)."""
+    try:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "gpus_assigned": float(len(ray.get_gpu_ids()))}
+    except Exception:
+        return {}

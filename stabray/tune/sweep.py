@@ -4,6 +4,7 @@ stopping, a concurrency limit, every trial tracked in MLflow (parent run per swe
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 from pathlib import Path
@@ -26,6 +27,9 @@ def ray_space(spec: SweepSpec) -> dict[str, Any]:
     for key, dist in spec.search.space.items():
         kind = dist.kind()
         v = getattr(dist, kind)
+        if spec.search.searcher == "grid":  # every combination of the choices, num_samples times each
+            set_path(space, space_path(key), tune.grid_search(list(v)))
+            continue
         domain = {"choice": lambda: tune.choice(list(v)), "loguniform": lambda: tune.loguniform(*v),
                   "uniform": lambda: tune.uniform(*v), "randint": lambda: tune.randint(v[0], v[1] + 1)}[kind]()
         set_path(space, space_path(key), domain)
@@ -85,11 +89,17 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
     train_fn = tune.with_resources(trainable, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     if resume:
         return tune.Tuner.restore(str(run_dir), trainable=train_fn, resume_unfinished=True, resume_errored=True)
-    if s.searcher == "optuna":
+    if s.searcher == "grid":
+        searcher = None
+    elif s.searcher == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
 
-        searcher = OptunaSearch(metric=s.metric, mode=s.mode, sampler=optuna.samplers.TPESampler(seed=spec.seed))
+        # The study lives in a sqlite file beside the Ray results, so a resumed sweep continues it.
+        run_dir.mkdir(parents=True, exist_ok=True)
+        storage = optuna.storages.RDBStorage(f"sqlite:///{run_dir / 'optuna.db'}")
+        searcher = OptunaSearch(metric=s.metric, mode=s.mode, sampler=optuna.samplers.TPESampler(seed=spec.seed),
+                                study_name=run_dir.name, storage=storage)
         searcher = ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent)
     else:
         searcher = None
@@ -118,25 +128,32 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | Non
     root = storage_root(spec, storage)
     if resume:
         run_dir = latest_run_dir(root, spec.name)
-        if run_dir is None or not (run_dir / "tuner.pkl").exists():
+        if run_dir is None or not (run_dir / "tuner.pkl").exists() or not (run_dir / "stabray_sweep.json").exists():
             raise UserError(f"--resume: no earlier sweep {spec.name!r} under {root}")
     else:
         run_dir = root / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     store = Store(uri, experiment)  # fails fast on a bad tracking URI, before Ray starts
     how = init_ray(address)
     check_resources(spec)
+    info_file = run_dir / "stabray_sweep.json"
     if resume:
+        # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
+        saved = json.loads(info_file.read_text())
+        parent, uri, experiment = saved["parent_run_id"], saved["tracking_uri"], saved["experiment"]
+        store = Store(uri, experiment)
         tuner = make_tuner(spec, run_dir, None, resume=True)
-        cb = next((c for c in tuner._local_tuner._run_config.callbacks if isinstance(c, MLflowTuneCallback)), None)
-        parent = cb.parent_run_id if cb else None
     else:
         parent = store.start_parent(spec.name, run_dir.name, spec.model_dump())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        info_file.write_text(json.dumps({"parent_run_id": parent, "tracking_uri": uri, "experiment": experiment,
+                                         "spec": str(spec_path)}))
         cb = MLflowTuneCallback(uri, experiment, parent)
         tuner = make_tuner(spec, run_dir, cb, resume=False)
     info = {"tracking_uri": uri, "experiment": experiment, "parent_run_id": parent, "run_dir": str(run_dir), "ray": how}
     print(f"stabray: {how}; results in {run_dir}; MLflow {uri} experiment {experiment!r}", flush=True)
     grid = tuner.fit()
-    if parent:
+    info["complete"] = grid.num_terminated + grid.num_errors >= spec.search.num_samples
+    if info["complete"]:
         store.end(parent, "FINISHED")
     return grid, info
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from stabray.tune.report import assigned_cpus, get_checkpoint_dir, report
+from stabray.tune.report import assigned_cpus, get_checkpoint_dir, placement, report
 
 
 BUNDLE = "trial_config"  # a param space may hold whole configs under this key (grid over configs)
@@ -38,6 +38,7 @@ def trainable(config: dict[str, Any]) -> None:
             m.update(run.final())
             m.update(run.best_epoch())
             m.update(final_stability(run))
+        m.update(placement())
         report(m, save=run.save)
 
 
