@@ -57,6 +57,7 @@ class TrialRun:
             self.tokenizer = build_tokenizer(texts)
         else:
             self.tokenizer = load_tokenizer(self.spec)
+        self.method.bind_tokenizer(self.tokenizer)  # e.g. Coconut adds <bot>/<eot> to a pretrained vocabulary
         self.encoder = Encoder(self.tokenizer)
         self.model = build_model(self.spec, self.tokenizer, seed=c.seed)
         self.model = self.method.prepare(self.model).to(self.device)
