@@ -1,7 +1,7 @@
 """Search efficiency: ASHA + Optuna (stabray's default) vs random search with FIFO on the default
 Dijkstra space (lam x bits x lr of `sweeps/dijkstra.yaml`), at an equal budget of trial-epochs.
 
-    python benchmarks/bench_search.py [--smoke] [--json out.json] [--epochs 6] [--grace 2] [--random-trials 6]
+    python benchmarks/bench_search.py [--smoke] [--json out.json] [--epochs 4] [--grace 1] [--random-trials 4]
 
 Both arms run `stabray.tune.sweep.run_sweep` on the laptop sweep with `train.epochs=E`, 2 trials at
 a time. Random + FIFO runs `--random-trials` trials to the end: budget B = trials x E. ASHA + Optuna
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny model/data, 2 epochs, budget 4 trial-epochs")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--spec", default="dijkstra")
-    p.add_argument("--epochs", type=int, default=6, help="max epochs per trial (ASHA's max_t)")
-    p.add_argument("--grace", type=int, default=2, help="ASHA grace period (epochs)")
-    p.add_argument("--random-trials", type=int, default=6, help="random + FIFO trials (budget = this x epochs)")
+    p.add_argument("--epochs", type=int, default=4, help="max epochs per trial (ASHA's max_t)")
+    p.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
+    p.add_argument("--random-trials", type=int, default=4, help="random + FIFO trials (budget = this x epochs)")
     args = p.parse_args(argv)
     epochs, grace, n_random = (2, 1, 2) if args.smoke else (args.epochs, args.grace, args.random_trials)
     budget = n_random * epochs
