@@ -249,8 +249,8 @@ def load_mlflow(experiment: str, tracking_uri: str | None = None, *, stability: 
             if parent_id is None or run.info.start_time < parent_start:
                 parent_id, parent_start = run.info.run_id, run.info.start_time
             continue
-        if role != "trial" and "mlflow.parentRunId" not in tags:
-            continue
+        if role == "method" or (role != "trial" and "mlflow.parentRunId" not in tags):
+            continue  # a multi-method sweep's per-method group run holds no trial
         rid = run.info.run_id
         params = dict(run.data.params)
         for key in ("task", "method"):  # the tags name them too, should a param be missing

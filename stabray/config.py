@@ -131,6 +131,15 @@ class Dist(Strict):
         return set_[0]
 
 
+class MethodEntry(Strict):
+    """One method of a multi-method sweep, with its own search space (None: the method's default
+    space from stabray/methods/spaces.yaml). Space keys are the method's hyperparameter names."""
+
+    name: str
+    params: dict[str, Any] = {}
+    space: dict[str, Dist] | None = None
+
+
 class SearchCfg(Strict):
     num_samples: int = Field(8, ge=1)  # trials
     max_concurrent: int = Field(2, ge=1)  # trials running at once
@@ -160,6 +169,9 @@ class SweepSpec(Strict):
     task: TaskCfg
     model: ModelCfg = ModelCfg()
     method: MethodCfg = MethodCfg(name="alg1")
+    # Several methods in one sweep: each its own Optuna study and search space (the method keys of
+    # search.space are dropped; its other keys, e.g. lr, are shared), num_samples trials each.
+    methods: list[str | MethodEntry] | None = None
     train: TrainCfg = TrainCfg()
     eval: EvalCfg = EvalCfg()
     seed: int = 0

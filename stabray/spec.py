@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stabray.config import (SHORT_NAMES, SweepSpec, TrialConfig, format_validation_error, get_path, read_yaml,
-                            set_path)
+from stabray.config import (SHORT_NAMES, Dist, MethodCfg, MethodEntry, SweepSpec, TrialConfig,
+                            format_validation_error, get_path, read_yaml, set_path)
 from stabray.errors import SpecError, UserError
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
@@ -46,8 +46,51 @@ def load_spec(name_or_path: str, overrides: dict[str, Any] | None = None) -> tup
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
         raise UserError(format_validation_error(e, str(path))) from None
-    validate_semantics(spec, path)
+    if spec.methods:
+        names = [e if isinstance(e, str) else e.name for e in spec.methods]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise SpecError(str(path), "methods", f"method {sorted(dup)[0]!r} is listed twice")
+        for label, sub in method_specs(spec, path):
+            try:
+                validate_semantics(sub, path)
+            except SpecError as e:
+                raise SpecError(str(path), f"methods.{label}: {e.field}", e.problem) from None
+    else:
+        validate_semantics(spec, path)
     return spec, path
+
+
+def method_space(name: str, space: dict | None = None) -> dict[str, Dist]:
+    """A method's search space with full paths (method.params.<key>); None = its default space."""
+    from stabray.methods import METHODS
+
+    raw = space if space is not None else METHODS.get(name).default_space
+    out = {}
+    for k, d in raw.items():
+        out[k if k.startswith("method.") else f"method.params.{k}"] = d if isinstance(d, Dist) else Dist(**d)
+    return out
+
+
+def method_specs(spec: SweepSpec, path: Path | str = "spec") -> list[tuple[str | None, SweepSpec]]:
+    """(label, single-method spec) per method of the sweep; [(None, spec)] for a one-method spec."""
+    from stabray.methods import METHODS
+
+    if not spec.methods:
+        return [(None, spec)]
+    common = {k: d for k, d in spec.search.space.items() if not space_path(k).startswith("method.")}
+    out = []
+    for entry in spec.methods:
+        e = MethodEntry(name=entry) if isinstance(entry, str) else entry
+        try:
+            name = METHODS.canonical(e.name)
+        except UserError as err:
+            raise SpecError(str(path), "methods", str(err)) from None
+        space = {**common, **method_space(name, e.space)}
+        sub = spec.model_copy(update={"method": MethodCfg(name=name, params=e.params), "methods": None,
+                                      "search": spec.search.model_copy(update={"space": space})})
+        out.append((name, sub))
+    return out
 
 
 def space_path(key: str) -> str:

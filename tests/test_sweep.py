@@ -97,3 +97,38 @@ def test_every_shipped_spec_validates(path):
     assert spec.name and spec.search.num_samples >= 1
     assert path.read_text().startswith("#")  # opens with what it studies and the command
     assert "python -m stabray sweep" in path.read_text().split("\ninclude")[0]
+
+
+def test_multi_method_sweep_groups_trials_by_method(tmp_path, monkeypatch, capsys):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    spec = write_spec(tmp_path, methods=["sft_cot", {"name": "nso", "space": {"sigma": {"choice": [0.01]}}}],
+                      search={"num_samples": 1, "max_concurrent": 1})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]) == 0
+    assert "2 trials (0 failed)" in capsys.readouterr().out
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("mini").experiment_id], max_results=100)
+    role = lambda r: r.data.tags.get("stabray.role")  # noqa: E731
+    (parent,) = [r for r in runs if role(r) == "sweep"]
+    groups = {r.data.tags["stabray.method"]: r for r in runs if role(r) == "method"}
+    assert set(groups) == {"sft_cot", "nso"}
+    assert all(g.data.tags["mlflow.parentRunId"] == parent.info.run_id for g in groups.values())
+    trials = [r for r in runs if role(r) == "trial"]
+    assert len(trials) == 2
+    for t in trials:  # each trial sits under its own method's group run, with that method's params
+        m = t.data.params["method"]
+        assert t.data.tags["mlflow.parentRunId"] == groups[m].info.run_id
+    nso = next(t for t in trials if t.data.params["method"] == "nso")
+    assert float(nso.data.params["sigma"]) == 0.01
+
+
+def test_method_flag_runs_one_method_with_its_space(tmp_path):
+    from stabray.commands.sweep import _method_space_overrides
+    from stabray.spec import load_spec
+
+    spec, _ = load_spec("dijkstra", _method_space_overrides("dijkstra", "nso") | {"method.name": "nso"})
+    assert spec.method.name == "nso" and not spec.methods
+    assert "method.params.sigma" in spec.search.space and "lam" not in spec.search.space
+    assert "lr" in spec.search.space

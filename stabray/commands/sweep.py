@@ -68,14 +68,15 @@ def run(args) -> int:
 
 
 def _method_space_overrides(spec_name: str, method: str) -> dict:
-    """--method X: search X's own default space (plus the spec's lr/seed-level keys), not the spec's."""
+    """--method X: X alone, searching its own default space plus the spec's non-method keys (lr...)."""
     from stabray.config import read_yaml
     from stabray.methods import METHODS
-    from stabray.spec import find_spec
+    from stabray.spec import find_spec, method_space, space_path
 
     raw = read_yaml(find_spec(spec_name))
     space = dict((raw.get("search") or {}).get("space") or {})
-    keep = {k: v for k, v in space.items() if not (k in ("lam", "bits") or k.startswith("method."))}
-    cls = METHODS.get(method)
-    keep.update({k: v for k, v in cls.default_space.items()})
-    return {"search.space": keep}
+    keep = {k: v for k, v in space.items() if not space_path(k).startswith("method.")}
+    name = METHODS.canonical(method)
+    entry = next((e for e in raw.get("methods") or [] if isinstance(e, dict) and e.get("name") == name), {})
+    keep.update({k: d.model_dump(exclude_none=True) for k, d in method_space(name, entry.get("space")).items()})
+    return {"search.space": keep, "methods": None, "method.params": entry.get("params", {})}

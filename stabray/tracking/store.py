@@ -62,6 +62,12 @@ class Store:
         self.client.log_dict(run.info.run_id, spec, "sweep_spec.json")
         return run.info.run_id
 
+    def start_group(self, parent_id: str, method: str) -> str:
+        """A run that groups one method's trials inside a multi-method sweep."""
+        run = self.client.create_run(self.experiment_id, run_name=method,
+                                     tags={PARENT: parent_id, ROLE: "method", "stabray.method": method})
+        return run.info.run_id
+
     def start_child(self, parent_id: str, trial_id: str, run_name: str, params: dict[str, Any],
                     tags: dict[str, str], config: dict[str, Any]) -> str:
         from mlflow.entities import Param

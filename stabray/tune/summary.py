@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-COLS = ["trial_id", "lam", "bits", "lr", "lora_rank", "epochs_run", "val_acc", "best_val_acc", "test_acc",
+COLS = ["trial_id", "method", "lam", "bits", "lr", "lora_rank", "epochs_run", "val_acc", "best_val_acc", "test_acc",
         "test_long_acc", "eaf", "final_eaf", "loss_gap", "status"]
 
 
@@ -20,6 +20,7 @@ def trials_frame(grid) -> pl.DataFrame:
         mp = cfg.get("method", {}).get("params", {})
         rows.append({
             "trial_id": m.get("trial_id", ""),
+            "method": cfg.get("method", {}).get("name", ""),
             "lam": float(mp.get("lam", 1.0)), "bits": int(mp.get("bits", 32)),
             "lr": float(cfg.get("train", {}).get("lr", float("nan"))),
             "lora_rank": (cfg.get("model", {}).get("lora") or {}).get("rank"),
@@ -40,7 +41,10 @@ def print_summary(spec, grid, info: dict[str, Any], wall_s: float) -> pl.DataFra
         df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
     n_err = int((df["status"] == "error").sum()) if df.height else 0
     print(f"\n== sweep {spec.name}: {df.height} trials ({n_err} failed) in {wall_s / 60:.1f} min ==")
-    show = df.select([c for c in COLS if c in df.columns and (c != "lora_rank" or spec.model.lora)]).head(10)
+    drop = {"lora_rank"} if not spec.model.lora else set()
+    if not spec.methods:
+        drop.add("method")
+    show = df.select([c for c in COLS if c in df.columns and c not in drop]).head(10)
     with pl.Config(tbl_rows=12, tbl_cols=20, float_precision=3, tbl_hide_dataframe_shape=True,
                    tbl_hide_column_data_types=True, fmt_str_lengths=10, tbl_width_chars=250,
                    tbl_formatting="ASCII_MARKDOWN"):

@@ -120,15 +120,41 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
     )
 
 
+class CombinedGrid:
+    """The ResultGrids of a multi-method sweep, iterated as one."""
+
+    def __init__(self, grids):
+        self.grids = list(grids)
+
+    def __iter__(self):
+        for g in self.grids:
+            yield from g
+
+    def __len__(self):
+        return sum(len(g) for g in self.grids)
+
+    @property
+    def num_terminated(self):
+        return sum(g.num_terminated for g in self.grids)
+
+    @property
+    def num_errors(self):
+        return sum(g.num_errors for g in self.grids)
+
+
 def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | None = None,
               storage: str | None = None, resume: bool = False, address: str | None = None):
-    """Run (or resume) a sweep. Returns (ResultGrid, info dict with uri, experiment, parent id, dir)."""
+    """Run (or resume) a sweep. Returns (results, info): results is a ResultGrid (a CombinedGrid for
+    a multi-method sweep, one Optuna study and one MLflow group run per method, run one after the
+    other), info holds the tracking URI, experiment, parent run id, results directory, completeness."""
+    from stabray.spec import method_specs
+
     uri = resolve_tracking_uri(tracking_uri, spec.mlflow.tracking_uri)
     experiment = spec.mlflow.experiment or spec.name
     root = storage_root(spec, storage)
     if resume:
         run_dir = latest_run_dir(root, spec.name)
-        if run_dir is None or not (run_dir / "tuner.pkl").exists() or not (run_dir / "stabray_sweep.json").exists():
+        if run_dir is None or not (run_dir / "stabray_sweep.json").exists():
             raise UserError(f"--resume: no earlier sweep {spec.name!r} under {root}")
     else:
         run_dir = root / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -137,25 +163,44 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | Non
     check_resources(spec)
     info_file = run_dir / "stabray_sweep.json"
     if resume:
-        # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
         saved = json.loads(info_file.read_text())
-        parent, uri, experiment = saved["parent_run_id"], saved["tracking_uri"], saved["experiment"]
+        uri, experiment = saved["tracking_uri"], saved["experiment"]
         store = Store(uri, experiment)
-        tuner = make_tuner(spec, run_dir, None, resume=True)
     else:
-        parent = store.start_parent(spec.name, run_dir.name, spec.model_dump())
         run_dir.mkdir(parents=True, exist_ok=True)
-        info_file.write_text(json.dumps({"parent_run_id": parent, "tracking_uri": uri, "experiment": experiment,
-                                         "spec": str(spec_path)}))
-        cb = MLflowTuneCallback(uri, experiment, parent)
-        tuner = make_tuner(spec, run_dir, cb, resume=False)
-    info = {"tracking_uri": uri, "experiment": experiment, "parent_run_id": parent, "run_dir": str(run_dir), "ray": how}
+        saved = {"parent_run_id": store.start_parent(spec.name, run_dir.name, spec.model_dump()),
+                 "tracking_uri": uri, "experiment": experiment, "spec": str(spec_path), "groups": {}}
+        info_file.write_text(json.dumps(saved))
+    parent = saved["parent_run_id"]
+    info = {"tracking_uri": uri, "experiment": experiment, "parent_run_id": parent, "run_dir": str(run_dir),
+            "ray": how, "complete": True}
     print(f"stabray: {how}; results in {run_dir}; MLflow {uri} experiment {experiment!r}", flush=True)
-    grid = tuner.fit()
-    info["complete"] = grid.num_terminated + grid.num_errors >= spec.search.num_samples
+    grids = []
+    for label, sub in method_specs(spec):
+        sub_dir = run_dir if label is None else run_dir / label
+        group = parent
+        if label is not None:  # MLflow groups a multi-method sweep's trials under one run per method
+            group = saved["groups"].get(label)
+            if group is None:
+                group = saved["groups"][label] = store.start_group(parent, label)
+                info_file.write_text(json.dumps(saved))
+            print(f"stabray: method {label} ({sub.search.num_samples} trials)", flush=True)
+        if resume and (sub_dir / "tuner.pkl").exists():
+            # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
+            tuner = make_tuner(sub, sub_dir, None, resume=True)
+        else:
+            tuner = make_tuner(sub, sub_dir, MLflowTuneCallback(uri, experiment, group), resume=False)
+        grid = tuner.fit()
+        grids.append(grid)
+        done = grid.num_terminated + grid.num_errors >= sub.search.num_samples
+        if not done:
+            info["complete"] = False
+            break  # interrupted: stop here, --resume continues
+        if label is not None:
+            store.end(group, "FINISHED")
     if info["complete"]:
         store.end(parent, "FINISHED")
-    return grid, info
+    return (grids[0] if not spec.methods else CombinedGrid(grids)), info
 
 
 def run_configs(configs: list[dict[str, Any]], experiment: str, tracking_uri: str | None = None,
