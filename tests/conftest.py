@@ -4,6 +4,7 @@ import pytest
 import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ["RAY_ADDRESS"] = "local"  # tests never join a Ray cluster that happens to run on the machine
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))

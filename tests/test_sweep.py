@@ -61,6 +61,12 @@ def test_mini_sweep_logs_parent_and_children(tmp_path, monkeypatch, capsys):
             assert {"test_long_acc", "loss_gap", "final_eaf"} <= set(c.data.metrics)
         cfg = json.loads(Path(client.download_artifacts(c.info.run_id, "trial_config.json", str(tmp_path))).read_text())
         assert cfg["task"]["name"] == "dijkstra"
+        ckpt = Path(c.data.tags["stabray.checkpoint"])  # the run points at its latest checkpoint
+        assert (ckpt / "state.pt").exists() and ckpt.name.startswith("checkpoint_")
+
+    # `stability <run id>` resolves the run to that checkpoint
+    from stabray.tracking import checkpoint_dir_of
+    assert Path(checkpoint_dir_of(children[0].info.run_id, uri)) == Path(children[0].data.tags["stabray.checkpoint"])
 
 
 @pytest.mark.parametrize("over,field", [

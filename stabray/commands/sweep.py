@@ -18,7 +18,8 @@ def register(sub) -> None:
     p.add_argument("--num-samples", type=int, help="number of trials")
     p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite ./mlflow.db)")
     p.add_argument("--storage", help="Ray Tune results directory (default ./stabray_runs)")
-    p.add_argument("--address", help="Ray cluster address (default: join a running one, else start locally)")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else join a running cluster, else start "
+                        "one locally); 'local' always starts a fresh local instance")
     p.add_argument("--resume", action="store_true", help="continue the latest interrupted run of this sweep")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec field, e.g. --set train.epochs=2 --set search.num_samples=4")

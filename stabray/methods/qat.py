@@ -6,8 +6,8 @@ Uniform, symmetric, one scale per output channel (row of W):
 - b >= 2 bits: `clamp(round(W / alpha), -2^(b-1), 2^(b-1) - 1) * alpha`, alpha = max|W| of the row
   / (2^(b-1) - 1), so the largest weight lands on the top level.
 - 32 bits: off.
-The straight-through estimator passes the gradient where W / alpha lies inside the clip range (with
-this alpha that is every weight) and treats alpha as a constant.
+The straight-through estimator passes the gradient to W unchanged and treats alpha as a constant
+(the clip range never binds with this alpha, so no weight's gradient is masked).
 """
 
 from __future__ import annotations
@@ -31,24 +31,6 @@ def quantize(w: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.clamp(torch.round(w / alpha), -qmax - 1, qmax) * alpha
 
 
-class _STE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, w, bits):
-        if bits == 1:
-            ctx.save_for_backward(torch.ones_like(w, dtype=torch.bool))
-        else:
-            qmax = 2 ** (bits - 1) - 1
-            alpha = (w.abs().amax(dim=1, keepdim=True) / qmax).clamp_min(torch.finfo(w.dtype).tiny)
-            r = w / alpha
-            ctx.save_for_backward((r >= -qmax - 1) & (r <= qmax))
-        return quantize(w, bits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (inside,) = ctx.saved_tensors
-        return grad * inside, None
-
-
 class FakeQuantize(nn.Module):
     """A `torch.nn.utils.parametrize` parametrization: W -> quantize(W) with straight-through grads."""
 
@@ -57,7 +39,9 @@ class FakeQuantize(nn.Module):
         self.bits = int(bits)
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        return _STE.apply(w, self.bits)
+        # straight-through: the forward value is quantize(w), the gradient passes to w unchanged
+        # (with alpha = max|w| / qmax no weight lies outside the clip range, so no mask is needed)
+        return w + (quantize(w, self.bits) - w).detach()
 
 
 def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Linear]]:

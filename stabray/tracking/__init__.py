@@ -1,5 +1,5 @@
 """MLflow tracking. The only package of stabray that imports mlflow."""
 
-from stabray.tracking.store import Store, log_artifacts, resolve_tracking_uri
+from stabray.tracking.store import Store, checkpoint_dir_of, log_artifacts, resolve_tracking_uri
 
-__all__ = ["Store", "log_artifacts", "resolve_tracking_uri"]
+__all__ = ["Store", "checkpoint_dir_of", "log_artifacts", "resolve_tracking_uri"]

@@ -130,6 +130,26 @@ def log_artifacts(run_id: str, local_dir: str | Path, artifact_path: str | None 
     _client(resolve_tracking_uri(tracking_uri)).log_artifacts(run_id, str(local_dir), artifact_path)
 
 
+CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
+
+
+def checkpoint_dir_of(run_id: str, tracking_uri: str | None = None) -> str:
+    """The last checkpoint directory a trial's run recorded (the `stability` command's input)."""
+    from stabray.errors import UserError
+
+    client = _client(resolve_tracking_uri(tracking_uri))
+    try:
+        run = client.get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per backend
+        raise UserError(f"no MLflow run {run_id!r} at {client.tracking_uri}: {e}") from None
+    path = run.data.tags.get(CHECKPOINT)
+    if not path:
+        raise UserError(f"run {run_id} recorded no checkpoint (tag {CHECKPOINT}); is it a stabray trial?")
+    if not Path(path).exists():
+        raise UserError(f"run {run_id}'s checkpoint {path} is not on this machine (copy it here, then pass the directory)")
+    return path
+
+
 def run_artifact_uri(run_id: str, tracking_uri: str | None = None) -> str:
     return _client(resolve_tracking_uri(tracking_uri)).get_run(run_id).info.artifact_uri
 

@@ -13,6 +13,7 @@ from typing import Any
 from ray.tune import Callback
 
 from stabray.tracking import Store
+from stabray.tracking.store import CHECKPOINT
 from stabray.tune.trainable import unwrap
 
 # result keys that are Ray's bookkeeping, not metrics
@@ -104,6 +105,11 @@ class MLflowTuneCallback(Callback):
         self.store.log_metrics(rid, metrics, step=step)
         if table:
             log_stability_table(self.store, rid, table)
+
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        # the latest checkpoint (older ones are deleted: num_to_keep=1), for `stabray stability <run id>`
+        self.store.set_tag(self._run_id(trial), CHECKPOINT, checkpoint.path)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rid = self._run_id(trial)

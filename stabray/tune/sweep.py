@@ -51,6 +51,10 @@ def init_ray(address: str | None = None) -> str:
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     addr = address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if addr == "local":  # always a fresh local instance (tests, benchmarks: never join another's)
+        os.environ.pop("RAY_ADDRESS", None)
+        ray.init(address="local", **kwargs)
+        return "started a local Ray instance"
     if addr:
         ray.init(address=addr, **kwargs)
         return f"joined Ray cluster at {addr}"
@@ -111,6 +115,7 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
         param_space=ray_space(spec),
         tune_config=tune.TuneConfig(metric=s.metric, mode=s.mode, search_alg=searcher, scheduler=scheduler,
                                     num_samples=s.num_samples, trial_name_creator=trial_name,
+                                    reuse_actors=True,  # no process start + torch import per trial
                                     trial_dirname_creator=trial_name,
                                     max_concurrent_trials=s.max_concurrent if searcher is None else None),
         run_config=tune.RunConfig(
