@@ -181,6 +181,21 @@ class TrialRun:
         self.history = list(state.get("history", []))
 
 
+def make_run(config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None):
+    """The runner for a config: TrialRun for text tasks; a task class may name its own runner
+    (`runner = "module:Class"`, e.g. the continuous in-context-learning tasks)."""
+    from stabray.tasks import TASKS
+
+    cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
+    runner = getattr(TASKS.get(cfg.task.name), "runner", None)
+    if runner:
+        import importlib
+
+        mod, cls = runner.split(":")
+        return getattr(importlib.import_module(mod), cls)(cfg)
+    return TrialRun(cfg, tokenizer_dir=tokenizer_dir)
+
+
 def load_checkpoint(path: str | Path):
     """(model, tokenizer, method, config) from a checkpoint directory written by `TrialRun.save`."""
     run = load_run(path)
@@ -193,6 +208,7 @@ def load_run(path: str | Path) -> TrialRun:
         from stabray.errors import UserError
         raise UserError(f"{path}: not a stabray checkpoint (no state.pt)")
     cfg = json.loads((path / "trial_config.json").read_text())
-    run = TrialRun(cfg, tokenizer_dir=path / "tokenizer")
+    tok = path / "tokenizer"
+    run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None)
     run.load(path)
     return run

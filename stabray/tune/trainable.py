@@ -24,12 +24,12 @@ def unwrap(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def trainable(config: dict[str, Any]) -> None:
-    from stabray.train.run import TrialRun
+    from stabray.train.run import make_run
 
     config = unwrap(config)
     if not config.get("train", {}).get("threads"):
         torch.set_num_threads(assigned_cpus())
-    run = TrialRun(config)
+    run = make_run(config)
     get_checkpoint_dir(run.load)  # a restored trial continues from its last epoch
     epochs = run.train_cfg.epochs
     while run.trainer.epoch < epochs:
