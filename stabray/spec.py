@@ -14,6 +14,7 @@ from stabray.config import (SHORT_NAMES, Dist, MethodCfg, MethodEntry, SweepSpec
 from stabray.errors import SpecError, UserError
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
+DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
 
 
 def find_spec(name_or_path: str) -> Path:
@@ -42,6 +43,9 @@ def load_spec(name_or_path: str, overrides: dict[str, Any] | None = None) -> tup
     raw = read_yaml(path)
     for k, v in (overrides or {}).items():
         set_path(raw, k, v)
+    space = (raw.get("search") or {}).get("space") or {}
+    if (raw.get("model") or {}).get("lora") and not any(space_path(k) == "model.lora.rank" for k in space):
+        set_path(raw, "search.space.lora_rank", {"choice": list(DEFAULT_LORA_RANKS)})  # LoRA on: rank searched too
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:

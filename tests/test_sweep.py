@@ -138,3 +138,13 @@ def test_method_flag_runs_one_method_with_its_space(tmp_path):
     assert spec.method.name == "nso" and not spec.methods
     assert "method.params.sigma" in spec.search.space and "lam" not in spec.search.space
     assert "lr" in spec.search.space
+
+
+def test_lora_rank_searched_when_lora_is_on(tmp_path):
+    from stabray.spec import load_spec
+
+    path = write_spec(tmp_path, model={"pretrained": "some/model", "lora": {"rank": 8}})
+    spec, _ = load_spec(str(path))
+    assert spec.search.space["lora_rank"].choice == [16, 32, 64]
+    spec, _ = load_spec(str(write_spec(tmp_path)))  # no LoRA: no rank
+    assert "lora_rank" not in spec.search.space
