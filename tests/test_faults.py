@@ -61,7 +61,8 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
     spec = spec_file(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [sys.executable, "-m", "stabray", "sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    log = open(tmp_path / "sweep.log", "w")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline:  # wait until a trial has checkpointed at least once
@@ -70,7 +71,7 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
         time.sleep(0.5)
     else:
         proc.kill()
-        pytest.fail("no checkpoint appeared")
+        pytest.fail(f"no checkpoint appeared; sweep output:\n{(tmp_path / 'sweep.log').read_text()[-3000:]}")
     os.killpg(proc.pid, sig)
     proc.wait(timeout=120)
     if sig == signal.SIGKILL:  # the local Ray processes of the dead driver
@@ -166,6 +167,8 @@ def test_multinode_fake_gpus_spread_and_survive_lost_node(tmp_path, monkeypatch)
     from stabray.tune.sweep import run_sweep
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    if ray.is_initialized():  # an earlier in-process sweep's local instance
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     nodes = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
     cluster.wait_for_nodes()
