@@ -105,3 +105,16 @@ def test_quadratic_runner_one_epoch(tmp_path):
     run = make_run(_cfg(tmp_path, name="icl_quadratic", epochs=1, n=40, d=4))
     m = run.epoch()
     assert np.isfinite(m["train_loss"]) and np.isfinite(m["eaf"])
+
+
+def test_icl_figures_from_metrics(tmp_path):
+    from analysis.icl_figures import curves_from_metrics, write_figures
+
+    metrics = {f"{k}_T{t}": 0.9 ** t for t in range(1, 6)
+               for k in ("infer_star", "tf_star", "infer_loss", "tf_loss", "jac_norm", "theory_norm",
+                         "jac_prod", "theory_prod", "eaf", "jac_err")}
+    metrics["test_acc"] = 1.0
+    curves = curves_from_metrics(metrics, "icl_linear")
+    assert curves["T"] == [1, 2, 3, 4, 5] and len(curves["eaf"]) == 5 and "test_acc" not in curves
+    paths = write_figures(curves, tmp_path)
+    assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
