@@ -51,31 +51,9 @@ ROW_KEYS = ("T", "loss_gap", "bound", "ratio", "first_order", "second_order", "C
 
 
 def _greedy(model, encoder: Encoder, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    try:
-        from stabray.evaluate.generate import greedy
-    except ImportError:  # evaluate/ not in this checkout: a minimal loop
-        greedy = _greedy_loop
-    dev = embedding_matrix(model).device
-    try:
-        return greedy(model, encoder, prompts, max_new_tokens, device=dev)
-    except TypeError:
-        return greedy(model, encoder, prompts, max_new_tokens)
+    from stabray.evaluate.generate import greedy
 
-
-@torch.no_grad()
-def _greedy_loop(model, encoder: Encoder, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    out = []
-    dev = embedding_matrix(model).device
-    for p in prompts:
-        ids = encoder.prompt(p)
-        gen: list[int] = []
-        for _ in range(max_new_tokens):
-            nxt = int(model(input_ids=torch.tensor([ids + gen], device=dev)).logits[0, -1].argmax())
-            if nxt == encoder.eos:
-                break
-            gen.append(nxt)
-        out.append(gen)
-    return out
+    return greedy(model, encoder, prompts, max_new_tokens, device=embedding_matrix(model).device)
 
 
 def _split(seq: list[int], sep: tuple[int, ...]) -> list[list[int]]:
