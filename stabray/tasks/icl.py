@@ -61,6 +61,7 @@ class ICLQuadraticParams(ICLParams):
     alpha0: float = 0.75  # Theorem 3.4: alpha0 in [3/4, 1)
     heads: str = "cube,square,square"  # Lemma 3.3: one cubic and two square heads
     init: str = "aligned"
+    init_scale: float = 1e-3  # cube heads amplify init noise: 0.05 made the first epoch's chains overflow
 
 
 ACTIVATIONS = ("linear", "cube", "square")
