@@ -170,5 +170,7 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
         ranged = [k for k, d in spec.search.space.items() if d.kind() != "choice"]
         if ranged:
             raise SpecError(where, f"search.space.{ranged[0]}", "a grid search takes only `choice` distributions")
-    if spec.search.metric not in ("val_acc", "eaf", "train_loss"):
-        raise SpecError(where, "search.metric", f"must be a per-epoch metric (val_acc, eaf, train_loss), got {spec.search.metric!r}")
+    per_epoch = ("val_acc", "eaf", "train_loss", "val_loss", "val_infer_loss")  # the last two: ICL tasks
+    if spec.search.metric not in per_epoch:
+        raise SpecError(where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), "
+                        f"got {spec.search.metric!r}")
