@@ -48,6 +48,18 @@ def compress_indices(n_steps: int, lam: float, strategy: str, rng: np.random.Gen
     raise UserError(f"unknown compression strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
 
 
+def check_compression_qat(method: str, p) -> None:
+    """lam, bits, strategy and quantize of a method that compresses chains and quantizes (alg1, mtp)."""
+    if not 0.0 < p.lam <= 1.0:
+        raise UserError(f"method {method!r}: lam must be in (0, 1], got {p.lam}")
+    if p.bits not in VALID_BITS:
+        raise UserError(f"method {method!r}: bits must be one of {VALID_BITS}, got {p.bits}")
+    if p.strategy not in STRATEGIES:
+        raise UserError(f"method {method!r}: strategy must be one of {STRATEGIES}, got {p.strategy!r}")
+    if p.quantize not in ("auto", "lora", "base", "all_linear"):
+        raise UserError(f"method {method!r}: quantize must be auto, lora, base or all_linear, got {p.quantize!r}")
+
+
 class GaussianWeightNoise(nn.Module):
     """Parametrization W -> W + N(0, s^2), s per row = RMS of that row's quantization error at
     `bits` (so the noise matches quantization in scale). Noise only in training mode."""
@@ -80,16 +92,9 @@ class Alg1(Method):
 
     def validate(self) -> None:
         p = self.params
-        if not 0.0 < p.lam <= 1.0:
-            raise UserError(f"method 'alg1': lam must be in (0, 1], got {p.lam}")
-        if p.bits not in VALID_BITS:
-            raise UserError(f"method 'alg1': bits must be one of {VALID_BITS}, got {p.bits}")
-        if p.strategy not in STRATEGIES:
-            raise UserError(f"method 'alg1': strategy must be one of {STRATEGIES}, got {p.strategy!r}")
+        check_compression_qat(self.name, p)
         if p.noise not in ("quant", "gaussian"):
             raise UserError(f"method 'alg1': noise must be 'quant' or 'gaussian', got {p.noise!r}")
-        if p.quantize not in ("auto", "lora", "base", "all_linear"):
-            raise UserError(f"method 'alg1': quantize must be auto, lora, base or all_linear, got {p.quantize!r}")
 
     def prepare(self, model):
         p = self.params

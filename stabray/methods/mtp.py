@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stabray.errors import UserError
-from stabray.methods.alg1 import STRATEGIES, compress_indices
+from stabray.methods.alg1 import STRATEGIES, check_compression_qat, compress_indices
 from stabray.methods.base import METHODS, Method
 from stabray.methods.qat import VALID_BITS, apply_qat
 
@@ -104,14 +104,7 @@ class MTP(Method):
             raise UserError(f"method 'mtp': head must be one of {HEADS}, got {p.head!r}")
         if not p.mtp_weight >= 0:
             raise UserError(f"method 'mtp': mtp_weight must be >= 0, got {p.mtp_weight}")
-        if not 0.0 < p.lam <= 1.0:
-            raise UserError(f"method 'mtp': lam must be in (0, 1], got {p.lam}")
-        if p.strategy not in STRATEGIES:
-            raise UserError(f"method 'mtp': strategy must be one of {STRATEGIES}, got {p.strategy!r}")
-        if p.bits not in VALID_BITS:
-            raise UserError(f"method 'mtp': bits must be one of {VALID_BITS}, got {p.bits}")
-        if p.quantize not in ("auto", "lora", "base", "all_linear"):
-            raise UserError(f"method 'mtp': quantize must be auto, lora, base or all_linear, got {p.quantize!r}")
+        check_compression_qat(self.name, p)
 
     def prepare(self, model):
         p = self.params

@@ -41,7 +41,8 @@ from stabray.errors import UserError
 from stabray.models.icl import build_icl_model
 from stabray.stability.jacobian import eaf_from_norms, rho_matrix
 from stabray.tasks import get_task
-from stabray.train.loop import TrainConfig
+from stabray.train.loop import TrainConfig, lr_schedule
+from stabray.train.run import best_epoch
 
 DTYPE = torch.float64
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2, "test_long": 3, "test_longer": 4}
@@ -61,17 +62,7 @@ class ICLTrainer:
         self.optimizer = torch.optim.AdamW(run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         steps = math.ceil(run.cfg.task.train_size / cfg.batch_size)
         self.steps_per_epoch = min(steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else steps
-        total = max(1, self.steps_per_epoch * cfg.epochs)
-
-        def lr_lambda(step: int) -> float:  # the text trainer's schedule
-            if step < cfg.warmup_steps:
-                return (step + 1) / cfg.warmup_steps
-            if cfg.schedule == "constant":
-                return 1.0
-            frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda)
+        self.scheduler = lr_schedule(self.optimizer, cfg, self.steps_per_epoch * cfg.epochs)  # the text trainer's
 
     def train_epoch(self) -> dict[str, float]:
         run, cfg = self.run, self.run.train_cfg
@@ -259,8 +250,7 @@ class ICLRun:
         return m
 
     def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
-        best = max(self.history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
-        return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
+        return best_epoch(self.history, metric)
 
     def final(self) -> dict[str, float]:
         """Test metrics plus every per-T curve as numeric metrics `<curve>_T<t>`."""

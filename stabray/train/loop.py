@@ -44,6 +44,21 @@ def pick_device(prefer: str = "auto") -> torch.device:
     return torch.device("cuda")
 
 
+def lr_schedule(optimizer, cfg: TrainConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over cfg.warmup_steps, then constant or cosine down to 10% of the peak."""
+    total = max(1, total_steps)
+
+    def lr_lambda(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+
+
 class Trainer:
     """Owns the model, optimizer, schedule and epoch counter; `train_epoch()` runs one epoch."""
 
@@ -59,17 +74,7 @@ class Trainer:
         n = len(self._examples(0))
         steps = math.ceil(n / cfg.batch_size)
         self.steps_per_epoch = min(steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else steps
-        total = max(1, self.steps_per_epoch * cfg.epochs)
-
-        def lr_lambda(step: int) -> float:
-            if step < cfg.warmup_steps:
-                return (step + 1) / cfg.warmup_steps
-            if cfg.schedule == "constant":
-                return 1.0
-            frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda)
+        self.scheduler = lr_schedule(self.optimizer, cfg, self.steps_per_epoch * cfg.epochs)
         self.autocast = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
 
     def _examples(self, epoch: int) -> list[Example]:

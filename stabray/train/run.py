@@ -31,6 +31,12 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
                      max_positions=m.max_positions, family=m.family)
 
 
+def best_epoch(history: list[dict[str, float]], metric: str = "val_acc") -> dict[str, float]:
+    """best_<metric> and best_epoch (ties: the earlier epoch) over the epochs run so far."""
+    best = max(history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
+    return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
+
+
 class TrialRun:
     """Build everything a trial needs. `tokenizer_dir` reuses a saved tokenizer (checkpoints)."""
 
@@ -120,9 +126,7 @@ class TrialRun:
         return m
 
     def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
-        """best_val_acc and best_epoch (ties: the earlier epoch) over the epochs run so far."""
-        best = max(self.history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
-        return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
+        return best_epoch(self.history, metric)
 
     def final(self) -> dict[str, float]:
         """Test and length-generalization accuracy, loss gap and EAF on the test split."""
