@@ -221,6 +221,8 @@ def run_configs(configs: list[dict[str, Any]], experiment: str, tracking_uri: st
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu}),
         param_space={BUNDLE: tune.grid_search([copy.deepcopy(c) for c in configs])},
+        tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=trial_name,
+                                    reuse_actors=True),
         run_config=tune.RunConfig(name=run_dir.name, storage_path=str(run_dir.parent), callbacks=[cb],
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1), verbose=1),
     )
