@@ -35,8 +35,8 @@ def task_stats(task: Task, n: int = 50, seed: int = 0) -> list[dict]:
                "answer_tokens": float(np.mean([count_tokens(e.answer) for e in exs])),
                "answer_tokens_nocot": float(np.mean([count_tokens(e.render_answer(None)) for e in exs])),
                "steps": float(np.mean([len(e.steps) for e in exs]))}
-        for rule_name, rule in task.trivial_baselines().items():
-            row[f"baseline: {rule_name}"] = float(np.mean([task.is_correct(e, rule(e)) for e in exs]))
+        for rule_name, acc in task.baseline_accuracy(exs).items():
+            row[f"baseline: {rule_name}"] = float(acc)
         rows.append(row)
     return rows
 

@@ -115,6 +115,13 @@ class Task:
         """Rules that need no learning, to put a model's accuracy in context: name -> predicted final."""
         return {}
 
+    def baseline_accuracy(self, examples: list[Example]) -> dict[str, float]:
+        """Accuracy of each trivial rule on `examples` (empty when the task names none)."""
+        if not examples:
+            return {}
+        return {name: sum(self.is_correct(e, rule(e)) for e in examples) / len(examples)
+                for name, rule in self.trivial_baselines().items()}
+
     def describe(self) -> dict[str, Any]:
         return {"task": self.name, "version": self.version, **dataclasses.asdict(self.params)}
 

@@ -160,9 +160,7 @@ class TrialRun:
 
     def baselines(self, split: str = "test") -> dict[str, float]:
         """Accuracy of the task's trivial rules on a split (context for the model's accuracy)."""
-        exs = self.data[split]
-        return {name: sum(self.task.is_correct(e, rule(e)) for e in exs) / len(exs)
-                for name, rule in self.task.trivial_baselines().items()}
+        return self.task.baseline_accuracy(self.data[split])
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:

@@ -73,5 +73,4 @@ def baselines(spec) -> dict[str, float]:
     c = spec.task
     test = load_splits(task, {"train": c.train_size, "val": c.val_size, "test": c.test_size}, seed=c.data_seed,
                        splits=("train", "val", "test", *spec.eval.long_splits))["test"]
-    return {name: sum(task.is_correct(e, rule(e)) for e in test) / len(test)
-            for name, rule in task.trivial_baselines().items()}
+    return task.baseline_accuracy(test)
