@@ -203,3 +203,24 @@ def test_cli_on_a_qat_checkpoint(tmp_path, capsys):
     header = (tmp_path / "out" / "stability.csv").read_text().splitlines()[0]
     assert header.split(",") == list(ROW_KEYS)
     assert main(["stability", str(tmp_path / "nope")]) == 2  # neither a directory nor resolvable
+
+
+@pytest.mark.parametrize("family,include_question,delta", [("qwen2", False, None), ("qwen2", True, 0.01),
+                                                           ("gpt2", False, 0.01)])
+def test_prefix_cache_is_exact(setup, family, include_question, delta):
+    """The constant prefix run once as a KV cache gives the whole-sequence estimator's norms
+    (RoPE and learned absolute positions; the question as step 0; the C2 finite differences)."""
+    from stabray.stability.jacobian import batched_norms
+
+    exs, enc, _ = setup
+    model = build_model(ModelSpec(preset="tiny", family=family), enc.tok, seed=1)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(8.0)
+    es = _encode(enc, [exs[0], exs[len(exs) // 2], exs[-1]])  # different lengths in one batch
+    probes = [probes_of(e, 3, "block", include_question) for e in es]
+    kw = dict(iters=4, batch_size=3, delta_rel=delta)
+    cached = batched_norms(model, es, probes, prefix_cache=True, **kw)
+    full = batched_norms(model, es, probes, prefix_cache=False, **kw)
+    for c, f in zip(cached, full):
+        assert c.shape == f.shape and len(c) > 0 and float(f.min()) > 0
+        torch.testing.assert_close(c, f, rtol=1e-4, atol=1e-7)

@@ -95,6 +95,36 @@ def expected_embedding_fn(model, keep: int):
     return f
 
 
+def prefix_kv(model, x_prefix: torch.Tensor):
+    """Per-layer (key, value) tensors of a constant prefix, or None if the model has no KV cache."""
+    try:
+        res = model(inputs_embeds=x_prefix, use_cache=True, logits_to_keep=1)
+    except TypeError:
+        return None
+    cache = getattr(res, "cache", None) or getattr(res, "past_key_values", None)
+    layers = getattr(cache, "layers", None)
+    if not layers or any(getattr(la, "keys", None) is None for la in layers):
+        return None
+    return [(la.keys, la.values) for la in layers]
+
+
+def suffix_expected_embedding_fn(model, keep: int, kv):
+    """f(x_suffix): the expected embeddings of the last `keep` positions, with the prefix given as
+    its per-layer keys/values (`prefix_kv`). The prefix is a constant: nothing flows back into it,
+    so forward, JVP and VJP cost scales with the suffix length, not the whole sequence."""
+    from transformers import DynamicCache
+
+    E = embedding_matrix(model)
+
+    def f(x):
+        cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])  # fresh: a forward appends to it
+        logits = model(inputs_embeds=x, cache=cache, use_cache=True, logits_to_keep=keep).logits
+        probs = torch.softmax(logits[..., :E.shape[0]].float(), dim=-1)
+        return probs.to(E.dtype) @ E
+
+    return f
+
+
 # ---------------------------------------------------------------- blocks and probes
 
 
@@ -284,7 +314,7 @@ def _result(per_example: torch.Tensor, T: int, include_question: bool) -> EAFRes
 def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: int = 8,
                  aggregation: str = "block", include_question: bool = False,
                  tracker: EAFTracker | None = None, batch_size: int = 8,
-                 max_tangent_elems: int = 1 << 24, seed: int = 0) -> EAFResult:
+                 max_tangent_elems: int = 1 << 24, seed: int = 0, prefix_cache: bool = True) -> EAFResult:
     """EAF and the per-pair spectral norms over `encoded` (see the module docstring).
 
     batch_size: examples per forward; max_tangent_elems bounds probes x examples x L x d held at
@@ -294,18 +324,20 @@ def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: i
     probes = [probes_of(e, token_cap, aggregation, include_question) for e in encoded]
     T = max((p.T for p in probes), default=0)
     sig = batched_norms(model, encoded, probes, iters=iters, tracker=tracker, batch_size=batch_size,
-                        max_tangent_elems=max_tangent_elems, seed=seed)
+                        max_tangent_elems=max_tangent_elems, seed=seed, prefix_cache=prefix_cache)
     return _result(_assemble(probes, sig, T), T, include_question)
 
 
 def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters: int,
                   tracker: EAFTracker | None = None, batch_size: int = 8, max_tangent_elems: int = 1 << 24,
-                  seed: int = 0, delta_rel: float | None = None) -> list[torch.Tensor]:
+                  seed: int = 0, delta_rel: float | None = None, prefix_cache: bool = True) -> list[torch.Tensor]:
     """Spectral norm of every probe of every example: a list of (P_e,) tensors.
 
     With `delta_rel`, each example's input embeddings at its probes' input positions are perturbed
     by Gaussian delta with ||delta|| = delta_rel * ||x there||, and the result is
     ||J(x + delta) - J(x)|| / ||delta|| (the finite-difference Lipschitz ratio behind C2).
+    prefix_cache: run the tokens before the first probed position once as a KV cache (exact; falls
+    back to whole-sequence differentiation for a model without a cache).
     """
     sig: list[torch.Tensor] = [torch.zeros(0)] * len(encoded)
     E = embedding_matrix(model)
@@ -332,11 +364,22 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
                 x_minus, x, scale = x, x + delta, size.float().cpu()
             first_out = min(min(o[0] for o in probes[n].outs) for n in idxs)
             keep = L - first_out
-            f = expected_embedding_fn(model, keep)
+            # Every tangent is zero before the first input position, so that prefix is a constant:
+            # run it once, keep its keys/values, and differentiate only the suffix.
+            split = min(min(p[0] for p in probes[n].ins) for n in idxs) if prefix_cache else 0
+            kv = prefix_kv(model, x[:, :split]) if split > 0 else None
+            if kv is None:
+                split = 0
+                f = expected_embedding_fn(model, keep)
+            else:
+                f = suffix_expected_embedding_fn(model, keep, kv)
+                x = x[:, split:]
+                x_minus = x_minus[:, split:] if x_minus is not None else None
+            Ls = L - split
             C = max(len(p) for n in idxs for p in probes[n].ins)
             Co = max(len(p) for n in idxs for p in probes[n].outs)
             Pmax = max(len(probes[n].keys) for n in idxs)
-            chunk = max(1, max_tangent_elems // (len(idxs) * L * d))
+            chunk = max(1, max_tangent_elems // (len(idxs) * Ls * d))
             warm = [tracker.get(n, (len(probes[n].keys), C, d)) if tracker is not None else None for n in idxs]
             starts = [w if w is not None else _start_vectors(seed, n, len(probes[n].keys), C, d)
                       for w, n in zip(warm, idxs)]
@@ -345,7 +388,7 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
             v_b = torch.zeros(Pmax, len(idxs), C, d)
             for p0 in range(0, Pmax, chunk):
                 p1 = min(Pmax, p0 + chunk)
-                in_idx, in_ok = _index([probes[n].ins[p0:p1] for n in idxs], p1 - p0, C)
+                in_idx, in_ok = _index([probes[n].ins[p0:p1] for n in idxs], p1 - p0, C, offset=split)
                 out_idx, out_ok = _index([probes[n].outs[p0:p1] for n in idxs], p1 - p0, Co, offset=L - keep)
                 v0 = torch.zeros(p1 - p0, len(idxs), C, d)
                 for b, s in enumerate(starts):
