@@ -10,7 +10,8 @@ starts locally, Optuna proposes 8 configurations, 2 run at a time, each reports 
 every epoch, and the MLflow callback logs every result to a sqlite store. The pool then runs the 8
 configurations the sweep ran, with 2 worker processes (spawned, 1 torch thread each, like a Ray
 trial with 1 CPU), each trial being `TrialRun(config)`: every epoch, then `final()`, `best_epoch()`
-and the end-of-trial eq. (4) table, as the trainable does; no checkpoints, no tracking. Overhead =
+and the trainable's own `final_stability` (eq. (4) table, weight-noise stability); no checkpoints,
+no reports, no tracking. Overhead =
 sweep wall / pool wall - 1 (target, issue 8: <= 10%); the sweep's wall includes starting Ray (shown
 apart). Ray is a private local instance with 2 CPUs (run_sweep would join any Ray already running on
 the machine). Both use one warm dataset cache. A sweep takes minutes, so `--repeats` defaults to 1 (order:
@@ -75,6 +76,7 @@ def _pool_init() -> None:
 def pool_trial(config: dict) -> dict:
     """One trial without Ray or MLflow: what the trainable computes, minus reporting/checkpoints."""
     from stabray.train.run import TrialRun
+    from stabray.tune.trainable import final_stability
 
     t0, start = time.perf_counter(), time.time()
     run = TrialRun(config)
@@ -82,8 +84,7 @@ def pool_trial(config: dict) -> dict:
         m = run.epoch()
     m.update(run.final())
     m.update(run.best_epoch())
-    if run.cfg.eval.decomposition_examples:
-        run.decomposition(run.cfg.eval.decomposition_examples)
+    m.update(final_stability(run))  # the trainable's end-of-trial work: eq. (4) table, weight noise
     return {"val_acc": m["val_acc"], "best_val_acc": m["best_val_acc"], "wall_s": time.perf_counter() - t0,
             "span": (start, time.time())}
 
