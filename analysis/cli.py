@@ -1,4 +1,5 @@
-"""Argument parsing for `python -m analysis` and, through `register`, `python -m stabray report`."""
+"""Argument parsing for `python -m analysis` and, through `register` / `register_icl_figures`,
+`python -m stabray report` / `python -m stabray icl-figures`."""
 
 from __future__ import annotations
 
@@ -47,11 +48,31 @@ def register_rerun(subparsers) -> None:
     p.set_defaults(func=_rerun)
 
 
+def _icl_figures(args) -> int:
+    from analysis.icl_figures import run
+
+    run(args.source, args.experiment, args.tracking_uri, args.ray_dir, args.task, args.out)
+    return 0
+
+
+def register_icl_figures(subparsers) -> None:
+    """Add the `icl-figures` subcommand: Figures 3 and 6 (PNG) of an in-context GD trial."""
+    from analysis.icl_figures import add_arguments
+
+    p = subparsers.add_parser(
+        "icl-figures", help="Figures 3 and 6 (losses, Jacobians, EAF vs T) of an icl_linear / icl_quadratic trial",
+        description="Figures 3 and 6 of the paper as PNG, from a checkpoint dir, a Ray trial dir, an MLflow "
+                    "run id, or a sweep's best ICL trial (--experiment)")
+    add_arguments(p)
+    p.set_defaults(func=_icl_figures)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description="tables and figures from logged trials")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(sub)
     register_rerun(sub)
+    register_icl_figures(sub)
     return parser
 
 

@@ -118,3 +118,108 @@ def test_icl_figures_from_metrics(tmp_path):
     assert curves["T"] == [1, 2, 3, 4, 5] and len(curves["eaf"]) == 5 and "test_acc" not in curves
     paths = write_figures(curves, tmp_path)
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
+
+
+def _trained_checkpoint(tmp_path, name="ck", seed=0):
+    run = make_run({**_cfg(tmp_path, epochs=1, train_size=256), "seed": seed})
+    m = run.epoch()
+    m.update(run.final())
+    run.save(tmp_path / name)
+    return run, m, tmp_path / name
+
+
+def _plotted(out):
+    data = json.loads((out / "icl_figures.json").read_text())
+    f3, f6 = data["figures"]["figure3_icl_losses"], data["figures"]["figure6_icl_jacobians"]
+    return data, f3["Figure 3: icl_linear loss vs theta*"], f3["error vs the GD iterate (training target)"], f6
+
+
+def test_icl_figures_subcommand_plots_the_checkpoint_curves(tmp_path):
+    """`icl-figures` on a checkpoint dir and on a Ray trial dir: the PNGs exist and every plotted
+    series is the one in the checkpoint's icl_curves.json (overwritten with sentinels first, so
+    a re-evaluated or mislabelled curve fails)."""
+    import shutil
+
+    from analysis.cli import main as analysis_main
+    from stabray.cli import main as stabray_main
+
+    run, _, ck = _trained_checkpoint(tmp_path)
+    f = ck / "icl_curves.json"
+    curves = json.loads(f.read_text())
+    T = run.T
+    assert curves["T"] == list(range(1, T + 1))
+    sentinel = {k: [round((i + 1) * 10.0 ** -j, 12) for i in range(T)]
+                for j, k in enumerate(("infer_star", "tf_star", "infer_loss", "tf_loss", "jac_norm", "theory_norm",
+                                       "jac_prod", "theory_prod", "eaf", "jac_err"), 1)}
+    curves.update(sentinel)
+    f.write_text(json.dumps(curves))
+
+    out = tmp_path / "figs"
+    assert analysis_main(["icl-figures", str(ck), "--out", str(out)]) == 0
+    pngs = [out / "figure3_icl_losses.png", out / "figure6_icl_jacobians.png"]
+    assert all(p.exists() and p.stat().st_size > 5000 for p in pngs)
+    data, left, right, f6 = _plotted(out)
+    assert data["T"] == list(range(1, T + 1)) and str(ck) in data["source"]
+    assert left["inference (self-generated steps)"] == sentinel["infer_star"]
+    assert left["teacher-forced (true steps)"] == sentinel["tf_star"]
+    assert left["inference, noise on fed-back iterates"] == curves["step_noise"]  # untouched: the run's own
+    assert right["inference"] == sentinel["infer_loss"] and right["teacher-forced"] == sentinel["tf_loss"]
+    step = f6["step Jacobian"]
+    assert step["theory (mean)"] == sentinel["theory_norm"]
+    assert step["measured (max over prompts)"] == curves["jac_norm_max"]
+    assert f6["Figure 6: Jacobian product norm"]["theory"] == sentinel["theory_prod"]
+    eaf_panel = f6["EAF and Jacobian error"]
+    assert list(eaf_panel.values()) == [sentinel["eaf"], sentinel["jac_err"]]
+
+    # a Ray Tune trial dir (its latest checkpoint_*), through `python -m stabray icl-figures`
+    trial = tmp_path / "ray" / "trainable_0"
+    shutil.copytree(ck, trial / "checkpoint_000001")
+    (trial / "checkpoint_000000").mkdir()  # an older, empty one: not picked
+    out2 = tmp_path / "figs2"
+    assert stabray_main(["icl-figures", str(trial), "--out", str(out2)]) == 0
+    assert _plotted(out2)[1] == left
+    assert stabray_main(["icl-figures", str(tmp_path / "ray"), "--out", str(out2)]) == 2  # not a trial dir
+
+
+def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
+    """--experiment picks the trial with the best validation accuracy, plots its checkpoint, and
+    falls back to the run's `<curve>_T<t>` metrics when the checkpoint is not on this machine."""
+    from analysis.cli import main as analysis_main
+    from stabray.tracking import Store
+    from stabray.tracking.store import CHECKPOINT
+    from stabray.tune.callbacks import trial_params
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    store = Store(uri, "icl_linear")
+    parent = store.start_parent("icl_linear", "icl_linear-1", {})
+    runs = {}
+    for i, val in enumerate((0.25, 0.75, 0.5)):  # trial_1 is the best
+        run, m, ck = _trained_checkpoint(tmp_path, f"ck{i}", seed=i)
+        rid = store.start_child(parent, f"trial_{i}", f"trial_{i}", trial_params(run.cfg.model_dump()),
+                                {"stabray.task": "icl_linear", "stabray.method": "sft_cot"}, run.cfg.model_dump())
+        store.log_metrics(rid, {"train_loss": 1.0, "val_acc": val}, step=1)
+        store.log_metrics(rid, {**m, "val_acc": val}, step=1)
+        store.set_tag(rid, CHECKPOINT, str(ck))
+        store.end(rid)
+        runs[i] = (rid, run, m, ck)
+    store.end(parent)
+
+    out = tmp_path / "best"
+    assert analysis_main(["icl-figures", "--experiment", "icl_linear", "--tracking-uri", uri, "--out", str(out)]) == 0
+    data, left, right, f6 = _plotted(out)
+    rid, run, m, ck = runs[1]
+    assert "trial_1" in data["source"] and str(ck) in data["source"]
+    assert left["inference (self-generated steps)"] == run.curves["infer_star"]
+    assert run.curves["infer_star"] != runs[0][1].curves["infer_star"]  # the trials differ (seeds)
+
+    # the checkpoint moved away: the same curves from the run's logged metrics
+    ck.rename(tmp_path / "moved")
+    out = tmp_path / "from_metrics"
+    assert analysis_main(["icl-figures", rid, "--tracking-uri", uri, "--out", str(out)]) == 0
+    data, left, right, f6 = _plotted(out)
+    assert "metrics" in data["source"]
+    T = run.T
+    assert left["inference (self-generated steps)"] == pytest.approx([m[f"infer_star_T{t}"] for t in range(1, T + 1)])
+    assert f6["step Jacobian"]["theory (mean)"] == pytest.approx(run.curves["theory_norm"])
+    assert analysis_main(["icl-figures", "--experiment", "nope", "--tracking-uri", uri]) == 2
