@@ -24,8 +24,16 @@ FINAL_METRICS = [
     "loss_gap",  # final-answer loss, self-generated minus correct prefix
     "final_eaf",  # sum_i rho_i^(T) of the final model
     "weight_noise_loss_increase",
+    # in-context GD tasks (icl_*; null elsewhere): squared errors at T_max on the test split, the
+    # worst step-Jacobian error vs the theory; the per-T curves `<curve>_T<t>` stay in the run's
+    # metrics (analysis/icl_figures.py reads them)
+    "test_infer_loss",  # ||hat theta_T - theta_T||^2, self-generated iterates vs the GD iterate
+    "test_infer_star",  # ||hat theta_T - theta*||^2
+    "jac_err_max",  # max over prompts and steps of ||J_{t-1}^(t) - J_theory||
 ]
-EPOCH_METRICS = ["train_loss", "val_acc", "eaf", "epoch_time_s"]  # last value kept per trial
+# last value kept per trial; val_loss / val_infer_loss: the ICL tasks' teacher-forced (mean over
+# steps) and inference (at T_max) squared errors on validation
+EPOCH_METRICS = ["train_loss", "val_acc", "eaf", "epoch_time_s", "val_loss", "val_infer_loss"]
 
 # Params with a known type; any other param is inferred (int, else float, else string).
 PARAM_TYPES: dict[str, pl.DataType] = {

@@ -223,3 +223,26 @@ def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
     assert left["inference (self-generated steps)"] == pytest.approx([m[f"infer_star_T{t}"] for t in range(1, T + 1)])
     assert f6["step Jacobian"]["theory (mean)"] == pytest.approx(run.curves["theory_norm"])
     assert analysis_main(["icl-figures", "--experiment", "nope", "--tracking-uri", uri]) == 2
+
+
+def test_sweep_summary_speaks_of_icl_metrics(capsys):
+    """The closing table of an ICL sweep shows the GD-step metrics and explains val_acc as the 5% rule."""
+    from types import SimpleNamespace
+
+    from stabray.spec import load_spec
+    from stabray.tune.summary import print_summary
+
+    spec, _ = load_spec("icl_quadratic")
+    cfg = spec.trial_base()
+    grid = [SimpleNamespace(config=cfg, error=None, metrics={
+        "trial_id": f"t{i}", "training_iteration": 8, "val_acc": acc, "best_val_acc": acc, "test_acc": acc,
+        "test_long_acc": acc, "val_loss": 1e-6 * (i + 1), "test_infer_loss": 3e-4, "eaf": 18.4, "final_eaf": 18.7,
+        "jac_err_max": 0.011, "loss_gap": 2e-4}) for i, acc in enumerate((0.5, 1.0))]
+    df = print_summary(spec, grid, {"tracking_uri": "sqlite:////x.db", "experiment": "icl_quadratic"}, 60.0)
+    out = capsys.readouterr().out
+    assert df["trial_id"].to_list() == ["t1", "t0"] and df["val_loss"].to_list() == [2e-6, 1e-6]
+    header = next(line for line in out.splitlines() if "trial_id" in line)
+    for col in ("val_loss", "test_infer_loss", "jac_err_max", "final_eaf"):
+        assert col[:10] in header  # polars shortens long names
+    assert "lam" not in header and "bits" not in header
+    assert "exact match" not in out and "within 5%" in out and "icl-figures --experiment icl_quadratic" in out
