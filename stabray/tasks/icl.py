@@ -52,6 +52,15 @@ class ICLParams:
     init_gain: float = 0.5  # aligned init: the construction scaled by this (the paper's lambda_K = lambda_V start)
     input_sigma: float = 0.002  # Figure 3: std of the Gaussian noise added to each fed-back iterate
     weight_sigma: float = 0.002  # std of the Gaussian noise added to the model's weights (Figure 3, right)
+    # training loss per teacher-forced step: "abs" = ||f_W(z) - theta_t||^2; "step" = the same divided by the
+    # squared GD step ||theta_t - theta_{t-1}||^2 (the relative step error; copying theta_{t-1} scores 1)
+    loss: str = "abs"
+    weights: str = "full"  # trained entries of W^KQ / W^PV: full (eq. 5) or blocks (those of Lemma 3.3; models/icl.py)
+    # adamw: minibatches of train.batch_size with the trial's lr schedule; lbfgs: each epoch runs lbfgs_iters
+    # L-BFGS iterations (strong-Wolfe line search, step train.lr) on the epoch's whole training split, i.e.
+    # deterministic full-batch descent on the training loss as in Theorem 3.4 (batch size / schedule unused)
+    optimizer: str = "adamw"
+    lbfgs_iters: int = 20
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,10 @@ class ICLQuadraticParams(ICLParams):
     heads: str = "cube,square,square"  # Lemma 3.3: one cubic and two square heads
     init: str = "aligned"
     init_scale: float = 1e-3  # cube heads amplify init noise: 0.05 made the first epoch's chains overflow
+    # Adam on all of eq. (5) stayed at the copy-theta_{t-1} loss level (README, ICL section): train the
+    # construction's blocks with full-batch L-BFGS
+    weights: str = "blocks"
+    optimizer: str = "lbfgs"
 
 
 ACTIVATIONS = ("linear", "cube", "square")
@@ -85,6 +98,13 @@ class ICLTask(Task):
         bad = [h for h in self.head_acts if h not in ACTIVATIONS]
         if bad or not self.head_acts:
             raise UserError(f"task {self.name!r}: heads must be a comma-separated list of {ACTIVATIONS}, got {p.heads!r}")
+        if p.weights not in ("full", "blocks"):
+            raise UserError(f"task {self.name!r}: weights must be 'full' or 'blocks', got {p.weights!r}")
+        if p.optimizer not in ("adamw", "lbfgs") or p.lbfgs_iters < 1:
+            raise UserError(f"task {self.name!r}: optimizer must be 'adamw' or 'lbfgs' (lbfgs_iters >= 1), "
+                            f"got {p.optimizer!r} / {p.lbfgs_iters}")
+        if p.loss not in ("abs", "step"):
+            raise UserError(f"task {self.name!r}: loss must be 'abs' or 'step', got {p.loss!r}")
         if p.init not in ("random", "aligned"):
             raise UserError(f"task {self.name!r}: init must be 'random' or 'aligned', got {p.init!r}")
         for k in ("init_scale", "input_sigma", "weight_sigma"):

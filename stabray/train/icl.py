@@ -4,7 +4,11 @@ Same interface as TrialRun (the Ray trainable, `make_run`, checkpoints): `epoch(
 `best_epoch()`, `decomposition(n)`, `weight_noise(seeds)`, `save(dir)`, `load(dir)`.
 
 Training: squared loss ||f_W(z^(t-1)) - theta_t||^2 on every teacher-forced step of a chain (the
-`sft_cot` method; one forward per chain), AdamW with the trial's schedule. Float64 throughout: the
+`sft_cot` method; one forward per chain), AdamW with the trial's schedule. With task param
+loss=step each term is divided by the squared GD step ||theta_t - theta_{t-1}||^2 (the relative step
+error), so every prompt and step weighs the same whatever the size of its step. With task param
+optimizer=lbfgs each epoch is lbfgs_iters iterations of torch.optim.LBFGS on the epoch's whole
+training split (deterministic full-batch descent, as the gradient flow of Theorem 3.4). Float64 throughout: the
 model is tiny, and the Jacobian checks want the precision.
 
 Losses. `loss(a, b)` is the squared error ||a - b||^2, averaged over examples. At step T:
@@ -53,20 +57,63 @@ def sq(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b) ** 2).sum(-1).mean())
 
 
+def chain_loss(run: "ICLRun", X, y, th) -> torch.Tensor:
+    """The training loss on teacher-forced chains (task param `loss`: abs or step)."""
+    pred = run.model(X, y, th[:, :-1])  # (B, T, d): teacher-forced theta_1..theta_T
+    err = ((pred - th[:, 1:]) ** 2).sum(-1)  # (B, T)
+    if run.p.loss == "step":
+        err = err / ((th[:, 1:] - th[:, :-1]) ** 2).sum(-1).clamp_min(1e-30)
+    return err.mean()
+
+
 class ICLTrainer:
-    """Optimizer, schedule and epoch counter (the trainable reads `.epoch`)."""
+    """Optimizer, schedule and epoch counter (the trainable reads `.epoch`). AdamW on minibatches, or
+    full-batch L-BFGS (task param optimizer=lbfgs)."""
 
     def __init__(self, run: "ICLRun"):
         self.run, cfg = run, run.train_cfg
         self.epoch = 0
+        self.lbfgs = run.p.optimizer == "lbfgs"
+        if self.lbfgs:
+            self.optimizer = torch.optim.LBFGS(run.model.parameters(), lr=cfg.lr, max_iter=run.p.lbfgs_iters,
+                                               history_size=50, line_search_fn="strong_wolfe",
+                                               tolerance_grad=1e-12, tolerance_change=1e-14)
+            self.steps_per_epoch, self.scheduler = 1, None
+            return
         self.optimizer = torch.optim.AdamW(run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         steps = math.ceil(run.cfg.task.train_size / cfg.batch_size)
         self.steps_per_epoch = min(steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else steps
         self.scheduler = lr_schedule(self.optimizer, cfg, self.steps_per_epoch * cfg.epochs)  # the text trainer's
 
+    def _lbfgs_epoch(self, data) -> dict[str, float]:
+        """lbfgs_iters L-BFGS iterations on the whole split. The objective is the training loss divided
+        by the split's mean squared GD step (a constant: same minimizer, O(1) values for the line search
+        and the tolerances); train_loss reports the loss itself."""
+        run = self.run
+        X, y, _, th = data
+        scale = float(((th[:, 1:] - th[:, :-1]) ** 2).sum(-1).mean()) if run.p.loss == "abs" else 1.0
+        run.model.train()
+        t0 = time.perf_counter()
+
+        def closure():
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = chain_loss(run, X, y, th) / scale
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"training loss became {float(loss)} at epoch {self.epoch + 1}")
+            loss.backward()
+            return loss
+
+        self.optimizer.step(closure)
+        with torch.no_grad():
+            final = float(chain_loss(run, X, y, th))
+        self.epoch += 1
+        return {"train_loss": final, "epoch_time_s": time.perf_counter() - t0}
+
     def train_epoch(self) -> dict[str, float]:
         run, cfg = self.run, self.run.train_cfg
         data = run.train_split(self.epoch)
+        if self.lbfgs:
+            return self._lbfgs_epoch(data)
         order = np.random.default_rng([run.cfg.seed, self.epoch]).permutation(len(data[0]))
         run.model.train()
         losses, t0 = [], time.perf_counter()
@@ -75,8 +122,7 @@ class ICLTrainer:
             if len(idx) == 0:
                 break
             X, y, _, th = (a[idx] for a in data)
-            pred = run.model(X, y, th[:, :-1])  # (B, T, d): teacher-forced theta_1..theta_T
-            loss = ((pred - th[:, 1:]) ** 2).sum(-1).mean()
+            loss = chain_loss(run, X, y, th)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"training loss became {float(loss)} at epoch {self.epoch + 1}, step {b + 1}")
             self.optimizer.zero_grad(set_to_none=True)
@@ -90,11 +136,13 @@ class ICLTrainer:
         return {"train_loss": float(np.mean(losses)), "epoch_time_s": time.perf_counter() - t0}
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "epoch": self.epoch}
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None, "epoch": self.epoch}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])
 
 
@@ -119,7 +167,7 @@ class ICLRun:
         self._train = self._draw("train", c.task.train_size, self.T) if not c.task.resample_train else None
         self.model = build_icl_model(self.p.d, self.p.n, self.task.kind, self.p.eta, self.task.head_acts,
                                      init=self.p.init, init_scale=self.p.init_scale, init_gain=self.p.init_gain,
-                                     seed=c.seed).to(DTYPE)
+                                     seed=c.seed, weights=self.p.weights).to(DTYPE)
         self.trainer = ICLTrainer(self)
         self.history: list[dict[str, float]] = []
         self.curves: dict[str, Any] = {}  # per-T curves of the last final() (saved as icl_curves.json)
@@ -167,7 +215,6 @@ class ICLRun:
             rel = (gen[:, t] - th[:, t]).norm(dim=-1) / th[:, t].norm(dim=-1).clamp_min(1e-12)
             out["acc"].append(float((rel < ACC_TOL).double().mean()))
         return {k: v for k, v in out.items() if v}
-        return out
 
     def _noisy_model(self, sigma: float, seed: int):
         m = copy.deepcopy(self.model)
