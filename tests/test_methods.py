@@ -4,6 +4,7 @@ generation that the task can score; identical results under a fixed seed. Then e
 mechanics against a hand computation: the implicit-CoT schedule, Coconut's latent passes and
 decoding, NSO's symmetric gradient, Algorithm 1's ablations."""
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -232,6 +233,88 @@ def test_coconut_generate_matches_naive_decoding(coconut_run):
                 x = torch.cat([x, model.get_input_embeddings()(torch.tensor([[nxt]]))], 1)
         assert got == want
     run.model.train()
+
+
+def test_coconut_eaf_steps_are_latents_against_dense_jacobian(coconut_run):
+    """With the method, each latent slot is a step: J_i^(t) between latents is d(hidden state fed into
+    slot t) / d(input at slot i); into the final answer, d(expected embeddings) / d(input at slot i).
+    Checked against dense Jacobians written here from the model alone, latents filled by hand."""
+    from stabray.stability import estimate_eaf
+
+    run, m = coconut_run, coconut_run.method
+    model = run.model.eval()
+    with torch.no_grad():  # a sharper softmax, so the answer's Jacobians are not tiny
+        model.get_input_embeddings().weight.mul_(4.0)
+    try:
+        enc = run.eval_encoded("val", 1)[0]
+        slots = [p for p, t in enumerate(enc.input_ids) if t == m.ids[LATENT]]
+        assert len(slots) == 2 and enc.step_spans == ()
+        res = estimate_eaf(model, [enc], iters=60, token_cap=8, method=m)
+        assert res.T == 3  # latent 1, latent 2, the final answer
+        ids = torch.tensor([enc.input_ids])
+        with torch.no_grad():
+            x = model.get_input_embeddings()(ids)
+            for p in slots:
+                x[0, p] = model(inputs_embeds=x[:, :p], output_hidden_states=True).hidden_states[-1][0, p - 1]
+        a, b = enc.final_span[0], enc.final_span[1] - 1  # the answer without EOS
+        E = model.get_input_embeddings().weight.detach()
+
+        def out(z, i, t):
+            xi = torch.cat([x[:, :slots[i - 1]], z[None, None], x[:, slots[i - 1] + 1:]], 1)
+            r = model(inputs_embeds=xi, output_hidden_states=True)
+            if t <= len(slots):
+                return r.hidden_states[-1][0, slots[t - 1] - 1]
+            return (torch.softmax(r.logits[0, a - 1:b - 1], -1) @ E).flatten()
+
+        for i, t in [(1, 2), (1, 3), (2, 3)]:
+            J = torch.autograd.functional.jacobian(lambda z: out(z, i, t), x[0, slots[i - 1]].clone())
+            ref = float(torch.linalg.matrix_norm(J.reshape(-1, J.shape[-1]), ord=2))
+            assert ref > 1e-6
+            assert float(res.norms[i, t]) == pytest.approx(ref, rel=0.01), (i, t)
+        # without the method the latents are plain tokens: no steps, a different (empty) chain
+        assert estimate_eaf(model, [enc], iters=5).T == 1
+    finally:
+        with torch.no_grad():
+            model.get_input_embeddings().weight.div_(4.0)
+        run.model.train()
+
+
+def test_coconut_loss_gap_and_inference_loss_fill_latents(coconut_run):
+    from stabray.evaluate.metrics import final_answer_loss
+    from stabray.stability import inference_loss
+
+    run, m = coconut_run, coconut_run.method
+    e = run.eval_encoded("val", 1)[0]
+    items = [(list(e.input_ids), e.final_span[0])]
+    got = float(final_answer_loss(run.model, run.encoder, items, "cpu", method=m)[0])
+    plain = float(final_answer_loss(run.model, run.encoder, items, "cpu")[0])
+    ids = torch.tensor([e.input_ids])
+    with torch.no_grad():
+        x, pos = m.fill_latents(run.model.eval(), ids, torch.ones_like(ids))
+        logits = run.model(inputs_embeds=x, position_ids=pos).logits[0]
+    tgt = ids[0, e.final_span[0]:]
+    want = float(torch.nn.functional.cross_entropy(logits[e.final_span[0] - 1:-1], tgt))
+    assert got == pytest.approx(want, rel=1e-5) and abs(got - plain) > 1e-4
+    # the weight-noise measure's loss: the method's prompt, decoding and inputs
+    assert math.isfinite(inference_loss(run.model, run.encoder, run.data["val"][:2], method=m))
+    with pytest.raises(UserError, match="latent thoughts have none"):
+        run.decomposition(2)
+    run.model.train()
+
+
+def test_stability_cli_on_a_coconut_checkpoint(coconut_run, tmp_path, capsys):
+    """A latent-thought checkpoint: the CLI reports the EAF per T over the latent steps (the eq. (4)
+    terms are undefined) and it equals estimate_eaf with the method."""
+    from stabray.cli import main
+    from stabray.stability import eaf_from_norms, estimate_eaf
+
+    coconut_run.save(tmp_path / "ckpt")
+    assert main(["stability", str(tmp_path / "ckpt"), "--n", "2", "--iters", "3", "--out", str(tmp_path / "out")]) == 0
+    assert "latent thoughts" in capsys.readouterr().out
+    lines = (tmp_path / "out" / "stability.csv").read_text().splitlines()
+    assert lines[0] == "T,eaf" and len(lines) == 1 + 3  # T = 1 (no step before), 2, 3
+    res = estimate_eaf(coconut_run.model, coconut_run.eval_encoded("test", 2), iters=3, method=coconut_run.method)
+    assert float(lines[-1].split(",")[1]) == pytest.approx(eaf_from_norms(res.norms, 3), rel=1e-6)
 
 
 # -- NSO -------------------------------------------------------------------------------------------

@@ -52,9 +52,26 @@ def run(args) -> int:
     from stabray.stability.decomposition import decompose
 
     trial = load_run(ckpt)
-    examples = trial.data["test"][:args.n]
-    rows = decompose(trial.model, trial.encoder, examples, iters=args.iters, token_cap=args.token_cap,
-                     aggregation=args.aggregation, include_question=args.include_question)
+    method = getattr(trial, "method", None)
+    if not hasattr(trial, "encoder"):  # a continuous task (icl_*): exact Jacobians, the runner's own table
+        rows = trial.decomposition(args.n)
+        examples = range(min(args.n, len(trial.data["test"][0])))
+    elif method is not None and method.latent_thoughts:
+        # Latent thoughts have no true value, so eps_t, r_t and the bound are undefined: the EAF over
+        # the latent steps per T is what is measurable.
+        from stabray.stability import eaf_from_norms, estimate_eaf
+
+        examples = trial.data["test"][:args.n]
+        res = estimate_eaf(trial.model, trial.eval_encoded("test", args.n), iters=args.iters,
+                           token_cap=args.token_cap, aggregation=args.aggregation,
+                           include_question=args.include_question, method=method)
+        rows = [{"T": T, "eaf": eaf_from_norms(res.norms, T, args.include_question)} for T in range(1, res.T + 1)]
+        print(f"method {method.name!r} reasons in latent thoughts: the steps are its {res.T - 1} latent slots; "
+              "the eq. (4) terms need true step values, so only the EAF per T is reported")
+    else:
+        examples = trial.data["test"][:args.n]
+        rows = decompose(trial.model, trial.encoder, examples, iters=args.iters, token_cap=args.token_cap,
+                         aggregation=args.aggregation, include_question=args.include_question)
     out = Path(args.out) if args.out else ckpt / "stability"
     out.mkdir(parents=True, exist_ok=True)
     import polars as pl

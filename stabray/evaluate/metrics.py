@@ -29,8 +29,10 @@ def _find_last(seq: list[int], sub: tuple[int, ...]) -> int:
 
 
 @torch.no_grad()
-def final_answer_loss(model, encoder: Encoder, items: list[tuple[list[int], int]], device, batch_size=64) -> np.ndarray:
-    """Mean CE per example over the tokens from `start` on; items = (ids, start)."""
+def final_answer_loss(model, encoder: Encoder, items: list[tuple[list[int], int]], device, batch_size=64,
+                      method=None) -> np.ndarray:
+    """Mean CE per example over the tokens from `start` on; items = (ids, start). With a method, the
+    model sees the inputs the method gives it (`Method.model_inputs`: Coconut fills its latents)."""
     out = []
     model.eval()
     for b in range(0, len(items), batch_size):
@@ -43,7 +45,10 @@ def final_answer_loss(model, encoder: Encoder, items: list[tuple[list[int], int]
             ids_t[i, :len(ids)] = torch.tensor(ids)
             lab[i, start:len(ids)] = torch.tensor(ids[start:])
             mask[i, :len(ids)] = 1
-        logits = model(input_ids=ids_t.to(device), attention_mask=mask.to(device)).logits.float()
+        ids_t, mask = ids_t.to(device), mask.to(device)
+        kw = method.model_inputs(model, ids_t, mask) if method is not None else \
+            {"input_ids": ids_t, "attention_mask": mask}
+        logits = model(**kw).logits.float()
         ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), lab[:, 1:].to(device), ignore_index=IGNORE,
                              reduction="none")
         n = (lab[:, 1:] != IGNORE).sum(1).clamp_min(1).to(device)
@@ -75,6 +80,6 @@ def evaluate_split(model, encoder: Encoder, task: Task, examples: list[Example],
             prefix = list(encoder.prompt(p)) + (g[:pos + len(sep)] if pos >= 0 else [])
             tail = list(encoder.ids(ex.final) + encoder.ids(END)) + [encoder.eos]
             own.append((prefix + tail, len(prefix)))
-        res.loss_gap = float(np.mean(final_answer_loss(model, encoder, own, device, batch_size)
-                                     - final_answer_loss(model, encoder, gold, device, batch_size)))
+        res.loss_gap = float(np.mean(final_answer_loss(model, encoder, own, device, batch_size, method)
+                                     - final_answer_loss(model, encoder, gold, device, batch_size, method)))
     return res

@@ -107,6 +107,20 @@ class Method:
         """The ground-truth chain the model is scored against for the loss gap and the EAF."""
         return ex.steps if self.chain_at_eval else None
 
+    # Whether the evaluation prompt holds latent thoughts (inputs that are fed-back hidden states,
+    # not tokens). The stability measure then treats each latent slot as a step; the eq. (4)
+    # decomposition, which needs a ground-truth value for every step, is not defined.
+    latent_thoughts: ClassVar[bool] = False
+
+    def model_inputs(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The keyword arguments of `model(...)` that feed these token ids as the method does at
+        evaluation (Coconut: latent slots hold the fed-back hidden states)."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    def latent_slots(self, input_ids: list[int] | tuple[int, ...]) -> list[int]:
+        """Positions of latent-thought slots in a token sequence (none for language methods)."""
+        return []
+
     def generate(self, model, encoder, prompts: list[str], max_new_tokens: int, batch_size: int = 64,
                  device="cpu") -> list[list[int]]:
         """Greedy decoding to EOS (Coconut overrides: latent thoughts first)."""

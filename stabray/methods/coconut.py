@@ -158,6 +158,17 @@ class Coconut(Method):
             x = x.index_put((rows, where), h[torch.arange(len(rows), device=h.device), where - 1].to(x.dtype))
         return x, pos
 
+    latent_thoughts = True
+
+    def model_inputs(self, model, input_ids, attention_mask):
+        if self.ids is None:
+            raise UserError("method 'coconut': prepare(model) must run before evaluation")
+        x, pos = self.fill_latents(model, input_ids, attention_mask)
+        return {"inputs_embeds": x, "attention_mask": attention_mask, "position_ids": pos}
+
+    def latent_slots(self, input_ids):
+        return [p for p, t in enumerate(input_ids) if t == self.ids[LATENT]] if self.ids else []
+
     def loss(self, model, batch):
         if self.ids is None:
             raise UserError("method 'coconut': prepare(model) must run before training")

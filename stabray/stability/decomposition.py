@@ -80,9 +80,10 @@ def parse_steps(generated: list[int], encoder: Encoder) -> list[list[int]]:
 # ---------------------------------------------------------------- per-block errors and losses
 
 
-def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: int = 16):
+def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: int = 16, method=None):
     """For each sequence, at its target positions: (mean CE, ||o - y||_F, ||dCE/do||_F).
-    `targets` are positions of target tokens (their predictions are at position - 1)."""
+    `targets` are positions of target tokens (their predictions are at position - 1). With a
+    method, the model sees `method.model_inputs` (Coconut: latents filled)."""
     E = embedding_matrix(model)
     head = model.get_output_embeddings()
     W = head.weight.detach() if head is not None else E
@@ -93,7 +94,8 @@ def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: i
             S, Tg = seqs[b0:b0 + batch_size], targets[b0:b0 + batch_size]
             L = max(len(s) for s in S)
             ids = torch.tensor([s + [s[-1]] * (L - len(s)) for s in S], device=dev)
-            logits = model(input_ids=ids, use_cache=False).logits[..., :E.shape[0]].float()
+            kw = method.model_inputs(model, ids, torch.ones_like(ids)) if method is not None else {"input_ids": ids}
+            logits = model(use_cache=False, **kw).logits[..., :E.shape[0]].float()
             for b, (s, tg) in enumerate(zip(S, Tg)):
                 pos = torch.tensor([p - 1 for p in tg], device=dev)
                 y = torch.tensor([s[p] for p in tg], device=dev)
@@ -180,23 +182,33 @@ def decompose(model, encoder: Encoder, examples: list[Example], *, iters: int = 
 # ---------------------------------------------------------------- weight-noise stability
 
 
-def inference_loss(model, encoder: Encoder, examples: list[Example], max_new_tokens: int | None = None) -> float:
-    """Mean final-answer cross-entropy (EOS excluded) given the model's own greedy steps."""
-    encoded = [encoder.encode(e.question, e.steps, e.final) for e in examples]
+def inference_loss(model, encoder: Encoder, examples: list[Example], max_new_tokens: int | None = None,
+                   method=None) -> float:
+    """Mean final-answer cross-entropy (EOS excluded) given the model's own greedy steps. With a
+    method: its evaluation prompt, chain form, decoding and inputs (`Method.eval_prompt`,
+    `eval_steps`, `generate`, `model_inputs`); without one, the question and the full chain."""
+    prompts = [method.eval_prompt(e) for e in examples] if method is not None else [e.question for e in examples]
+    encoded = [encoder.encode(p, method.eval_steps(e) if method is not None else e.steps, e.final)
+               for p, e in zip(prompts, examples)]
     max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
     was = model.training
     model.eval()
     try:
-        gens = _greedy(model, encoder, [e.question for e in examples], max_new)
+        if method is not None:
+            gens = method.generate(model, encoder, prompts, max_new, device=embedding_matrix(model).device)
+        else:
+            gens = _greedy(model, encoder, prompts, max_new)
         seqs, tgts = [], []
         for enc, g in zip(encoded, gens):
             gsteps = parse_steps(g, encoder)
             pre = list(enc.input_ids[:enc.prompt_len])
             for j, st in enumerate(gsteps):
                 pre += st + list(encoder.ids(STEP_SEP if j < len(gsteps) - 1 else FINAL_SEP))
+            if not gsteps and enc.final_span[0] > enc.prompt_len:  # a chain answer without steps: "| final"
+                pre += list(encoder.ids(FINAL_SEP))
             final = list(enc.input_ids[enc.final_span[0]:enc.final_span[1] - 1])
             seqs.append(pre + final); tgts.append(list(range(len(pre), len(pre) + len(final))))
-        return sum(s[0] for s in _score(model, seqs, tgts)) / len(seqs)
+        return sum(s[0] for s in _score(model, seqs, tgts, method=method)) / len(seqs)
     finally:
         model.train(was)
 

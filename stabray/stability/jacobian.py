@@ -38,6 +38,7 @@ and t (an example's final answer is its own block T_e). Pairs that no example ha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -80,17 +81,31 @@ def embedding_matrix(model) -> torch.Tensor:
     return model.get_input_embeddings().weight.detach()  # (V, d)
 
 
-def expected_embedding_fn(model, keep: int):
-    """f(x): (B, L, d) input embeddings -> (B, keep, d) expected embeddings of the last `keep` positions."""
+def _outputs(model, E, keep: int, hidden: torch.Tensor | None, **kw):
+    """The last `keep` positions' outputs: expected embeddings, or the last hidden state where
+    `hidden` (B, keep) is True (a position whose hidden state is fed back as a latent thought)."""
+    if hidden is None:
+        try:
+            logits = model(logits_to_keep=keep, **kw).logits
+        except TypeError:  # a model without logits_to_keep
+            logits = model(**kw).logits[:, -keep:]
+    else:
+        res = model(logits_to_keep=keep, output_hidden_states=True, **kw)
+        logits = res.logits
+    probs = torch.softmax(logits[..., :E.shape[0]].float(), dim=-1)  # (B, keep, V)
+    out = probs.to(E.dtype) @ E
+    if hidden is not None:
+        out = torch.where(hidden[..., None], res.hidden_states[-1][:, -keep:].to(E.dtype), out)
+    return out
+
+
+def expected_embedding_fn(model, keep: int, hidden: torch.Tensor | None = None):
+    """f(x): (B, L, d) input embeddings -> (B, keep, d) expected embeddings of the last `keep` positions
+    (last hidden states where `hidden` is True)."""
     E = embedding_matrix(model)
 
     def f(x):
-        try:
-            logits = model(inputs_embeds=x, logits_to_keep=keep, use_cache=False).logits
-        except TypeError:  # a model without logits_to_keep
-            logits = model(inputs_embeds=x, use_cache=False).logits[:, -keep:]
-        probs = torch.softmax(logits[..., :E.shape[0]].float(), dim=-1)  # (B, keep, V)
-        return probs.to(E.dtype) @ E
+        return _outputs(model, E, keep, hidden, inputs_embeds=x, use_cache=False)
 
     return f
 
@@ -108,7 +123,7 @@ def prefix_kv(model, x_prefix: torch.Tensor):
     return [(la.keys, la.values) for la in layers]
 
 
-def suffix_expected_embedding_fn(model, keep: int, kv):
+def suffix_expected_embedding_fn(model, keep: int, kv, hidden: torch.Tensor | None = None):
     """f(x_suffix): the expected embeddings of the last `keep` positions, with the prefix given as
     its per-layer keys/values (`prefix_kv`). The prefix is a constant: nothing flows back into it,
     so forward, JVP and VJP cost scales with the suffix length, not the whole sequence."""
@@ -118,9 +133,7 @@ def suffix_expected_embedding_fn(model, keep: int, kv):
 
     def f(x):
         cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])  # fresh: a forward appends to it
-        logits = model(inputs_embeds=x, cache=cache, use_cache=True, logits_to_keep=keep).logits
-        probs = torch.softmax(logits[..., :E.shape[0]].float(), dim=-1)
-        return probs.to(E.dtype) @ E
+        return _outputs(model, E, keep, hidden, inputs_embeds=x, cache=cache, use_cache=True)
 
     return f
 
@@ -314,23 +327,40 @@ def _result(per_example: torch.Tensor, T: int, include_question: bool) -> EAFRes
 def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: int = 8,
                  aggregation: str = "block", include_question: bool = False,
                  tracker: EAFTracker | None = None, batch_size: int = 8,
-                 max_tangent_elems: int = 1 << 24, seed: int = 0, prefix_cache: bool = True) -> EAFResult:
+                 max_tangent_elems: int = 1 << 24, seed: int = 0, prefix_cache: bool = True,
+                 method=None) -> EAFResult:
     """EAF and the per-pair spectral norms over `encoded` (see the module docstring).
+
+    method: a method with latent thoughts (Coconut) feeds the model its filled latents
+    (`Method.model_inputs`), and each latent slot is a step: its output is the last hidden state of
+    the position before it (the vector fed back into the slot), its input the slot's embedding.
 
     batch_size: examples per forward; max_tangent_elems bounds probes x examples x L x d held at
     once (probes beyond it run in further chunks on the same forward graph).
     """
     _check(aggregation, iters, token_cap)
+    if method is not None and method.latent_thoughts:
+        encoded = [with_latent_steps(e, method.latent_slots(e.input_ids)) for e in encoded]
+    else:
+        method = None
     probes = [probes_of(e, token_cap, aggregation, include_question) for e in encoded]
     T = max((p.T for p in probes), default=0)
     sig = batched_norms(model, encoded, probes, iters=iters, tracker=tracker, batch_size=batch_size,
-                        max_tangent_elems=max_tangent_elems, seed=seed, prefix_cache=prefix_cache)
+                        max_tangent_elems=max_tangent_elems, seed=seed, prefix_cache=prefix_cache, method=method)
     return _result(_assemble(probes, sig, T), T, include_question)
+
+
+def with_latent_steps(enc: Encoded, slots: list[int]) -> Encoded:
+    """`enc` with each latent slot (a one-position block) among its steps, in sequence order."""
+    if not slots:
+        return enc
+    return dataclasses.replace(enc, step_spans=tuple(sorted([*enc.step_spans, *((p, p + 1) for p in slots)])))
 
 
 def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters: int,
                   tracker: EAFTracker | None = None, batch_size: int = 8, max_tangent_elems: int = 1 << 24,
-                  seed: int = 0, delta_rel: float | None = None, prefix_cache: bool = True) -> list[torch.Tensor]:
+                  seed: int = 0, delta_rel: float | None = None, prefix_cache: bool = True,
+                  method=None) -> list[torch.Tensor]:
     """Spectral norm of every probe of every example: a list of (P_e,) tensors.
 
     With `delta_rel`, each example's input embeddings at its probes' input positions are perturbed
@@ -350,7 +380,13 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
                 continue
             L = max(probes[n].length for n in idxs)
             ids = [list(encoded[n].input_ids[:L]) for n in idxs]
-            x = torch.stack([E[torch.tensor(r + [r[-1]] * (L - len(r)), device=dev)] for r in ids])  # (B, L, d)
+            ids_t = torch.tensor([r + [r[-1]] * (L - len(r)) for r in ids], device=dev)  # right-padded (B, L)
+            if method is None:
+                x = E[ids_t]  # (B, L, d)
+            else:  # the method's inputs (latent slots filled); positions 0..L-1 as without it
+                with torch.no_grad():
+                    kw = method.model_inputs(model, ids_t, torch.ones_like(ids_t))
+                x = kw["inputs_embeds"].detach() if "inputs_embeds" in kw else E[ids_t]
             x_minus, scale = None, None
             if delta_rel is not None:
                 g = torch.Generator().manual_seed(seed + 7919 * b0)
@@ -364,15 +400,22 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
                 x_minus, x, scale = x, x + delta, size.float().cpu()
             first_out = min(min(o[0] for o in probes[n].outs) for n in idxs)
             keep = L - first_out
+            hidden = None  # (B, keep): outputs that are fed-back hidden states (before a latent slot)
+            if method is not None:
+                hidden = torch.zeros(len(idxs), keep, dtype=torch.bool, device=dev)
+                for b, r in enumerate(ids):
+                    for q in method.latent_slots(r):
+                        if q - 1 >= first_out:
+                            hidden[b, q - 1 - first_out] = True
             # Every tangent is zero before the first input position, so that prefix is a constant:
             # run it once, keep its keys/values, and differentiate only the suffix.
             split = min(min(p[0] for p in probes[n].ins) for n in idxs) if prefix_cache else 0
             kv = prefix_kv(model, x[:, :split]) if split > 0 else None
             if kv is None:
                 split = 0
-                f = expected_embedding_fn(model, keep)
+                f = expected_embedding_fn(model, keep, hidden)
             else:
-                f = suffix_expected_embedding_fn(model, keep, kv)
+                f = suffix_expected_embedding_fn(model, keep, kv, hidden)
                 x = x[:, split:]
                 x_minus = x_minus[:, split:] if x_minus is not None else None
             Ls = L - split

@@ -15,6 +15,7 @@ from stabray.config import TrialConfig, parse_trial_config
 from stabray.data.cache import load_splits
 from stabray.data.encode import Encoder
 from stabray.data.tokenizer import build_tokenizer
+from stabray.errors import UserError
 from stabray.evaluate.metrics import evaluate_split
 from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
@@ -107,7 +108,8 @@ class TrialRun:
         if self.eaf_tracker is None:
             self.eaf_tracker = EAFTracker()
         res = estimate_eaf(self.model, self.eval_encoded(split, ev.eaf_examples), iters=ev.eaf_iters,
-                           token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, tracker=self.eaf_tracker)
+                           token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, tracker=self.eaf_tracker,
+                           method=self.method)
         return float(res.eaf)
 
     def epoch(self) -> dict[str, float]:
@@ -146,6 +148,10 @@ class TrialRun:
         """The eq. (4) table (Table 2 columns) for T = 1 .. T_max on n examples of a split."""
         from stabray.stability import decompose
 
+        if self.method.latent_thoughts:
+            raise UserError(f"method {self.method.name!r}: the eq. (4) decomposition needs a ground-truth value "
+                            "for every step, and latent thoughts have none (the EAF over latent steps is "
+                            "reported as eaf / final_eaf)")
         ev = self.cfg.eval
         return decompose(self.model, self.encoder, self.data[split][:n], iters=ev.eaf_iters,
                          token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, seed=self.cfg.seed)
@@ -155,7 +161,8 @@ class TrialRun:
         from stabray.stability import inference_loss, weight_noise_stability
 
         exs = self.data[split][:n]
-        return weight_noise_stability(self.model, lambda m: inference_loss(m, self.encoder, exs), sigma=sigma,
+        return weight_noise_stability(self.model, lambda m: inference_loss(m, self.encoder, exs, method=self.method),
+                                      sigma=sigma,
                                       seeds=seeds)
 
     def baselines(self, split: str = "test") -> dict[str, float]:

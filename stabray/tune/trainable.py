@@ -46,7 +46,8 @@ def final_stability(run) -> dict[str, Any]:
     """eq. (4) decomposition and weight-noise stability at the end, when configured."""
     out: dict[str, Any] = {}
     ev = run.cfg.eval
-    if ev.decomposition_examples:
+    if ev.decomposition_examples and not getattr(getattr(run, "method", None), "latent_thoughts", False):
+        # (undefined for latent thoughts: they have no true step values)
         out["stability_table"] = run.decomposition(ev.decomposition_examples)
     if ev.weight_noise_seeds:
         out["weight_noise_loss_increase"] = run.weight_noise(ev.weight_noise_seeds)
