@@ -12,7 +12,10 @@ Estimator. One spectral norm per (i, t) pair, t > i, by power iteration on J^T J
 function, which reuses the saved forward graph and measured faster here than `torch.func.jvp`); the estimate after the last iteration is ||J^T J v|| / ||J v||,
 a lower bound of sigma_max that is at least as tight as ||J v||. All pairs of all examples in a
 batch run at once: the forward is done once per batch, `vjp`'s saved graph is reused across all
-iterations, and `vmap` carries one tangent per (pair, example) (a "probe"). Vectors live in a
+iterations, and `vmap` carries one tangent per (pair, example) (a "probe"). Every tangent is zero
+before the batch's first probed position, so that prefix (the question) runs once as a KV cache and
+only the suffix is differentiated (exact; `prefix_cache=False` differentiates the whole sequence).
+Vectors live in a
 compact (probe, token, hidden) layout, so an `EAFTracker` can keep them between calls and
 warm-start the next evaluation (during training, every epoch).
 
