@@ -233,17 +233,19 @@ def test_sweep_summary_speaks_of_icl_metrics(capsys):
     from stabray.tune.summary import print_summary
 
     spec, _ = load_spec("icl_quadratic")
-    cfg = spec.trial_base()
-    grid = [SimpleNamespace(config=cfg, error=None, metrics={
+    grid = [SimpleNamespace(config={**spec.trial_base(), "seed": 7 + i}, error=None, metrics={
         "trial_id": f"t{i}", "training_iteration": 8, "val_acc": acc, "best_val_acc": acc, "test_acc": acc,
         "test_long_acc": acc, "val_loss": 1e-6 * (i + 1), "test_infer_loss": 3e-4, "eaf": 18.4, "final_eaf": 18.7,
         "jac_err_max": 0.011, "loss_gap": 2e-4}) for i, acc in enumerate((0.5, 1.0))]
     df = print_summary(spec, grid, {"tracking_uri": "sqlite:////x.db", "experiment": "icl_quadratic"}, 60.0)
     out = capsys.readouterr().out
     assert df["trial_id"].to_list() == ["t1", "t0"] and df["val_loss"].to_list() == [2e-6, 1e-6]
-    header = next(line for line in out.splitlines() if "trial_id" in line)
-    for col in ("val_loss", "test_infer_loss", "jac_err_max", "final_eaf"):
-        assert col[:10] in header  # polars shortens long names
+    assert df["seed"].to_list() == [8, 7] and df["init_gain"].to_list() == [0.5, 0.5]  # the searched paths
+    lines = out.splitlines()
+    header = next(line for line in lines if "trial_id" in line)
+    for col in ("init_gain", "seed", "val_loss", "test_infer_loss", "jac_err_max", "final_eaf"):
+        assert col in header
+    assert "| 2.00e-06 |" in next(line for line in lines if "| t1 " in line)  # not 0.000
     assert "lam" not in header and "bits" not in header
     assert "exact match" not in out and "within 5%" in out and "icl-figures --experiment icl_quadratic" in out
 

@@ -37,7 +37,25 @@ def is_icl(task_name: str) -> bool:
     return issubclass(TASKS.get(task_name), ICLTask)
 
 
-def trials_frame(grid) -> pl.DataFrame:
+def _at(cfg: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return None
+        cfg = cfg[part]
+    return cfg
+
+
+def searched_columns(spec) -> dict[str, str]:
+    """Searched config paths without a column of their own (e.g. task.params.init_gain) -> column name."""
+    from stabray.spec import space_path
+
+    known = {"method.params.lam", "method.params.bits", "train.lr", "model.lora.rank"}
+    paths = [space_path(k) for k in (spec.search.space or {})]
+    return {p: p.rsplit(".", 1)[-1] for p in paths if p not in known}
+
+
+def trials_frame(grid, extra: dict[str, str] | None = None) -> pl.DataFrame:
+    """One row per trial; `extra` maps further config paths to column names."""
     from stabray.tune.trainable import unwrap
 
     rows: list[dict[str, Any]] = []
@@ -46,6 +64,7 @@ def trials_frame(grid) -> pl.DataFrame:
         m = r.metrics or {}
         mp = cfg.get("method", {}).get("params", {})
         rows.append({
+            **{name: _at(cfg, path) for path, name in (extra or {}).items()},
             "trial_id": m.get("trial_id", ""),
             "method": cfg.get("method", {}).get("name", ""),
             "lam": float(mp.get("lam", 1.0)), "bits": int(mp.get("bits", 32)),
@@ -60,7 +79,8 @@ def trials_frame(grid) -> pl.DataFrame:
 
 
 def print_summary(spec, grid, info: dict[str, Any], wall_s: float) -> pl.DataFrame:
-    df = trials_frame(grid)
+    extra = searched_columns(spec)
+    df = trials_frame(grid, extra)
     if df.height:
         df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
     n_err = int((df["status"] == "error").sum()) if df.height else 0
@@ -69,9 +89,14 @@ def print_summary(spec, grid, info: dict[str, Any], wall_s: float) -> pl.DataFra
     if not spec.methods:
         drop.add("method")
     icl = is_icl(spec.task.name)
-    show = df.select([c for c in (ICL_COLS if icl else COLS) if c in df.columns and c not in drop]).head(10)
-    with pl.Config(tbl_rows=12, tbl_cols=20, float_precision=3, tbl_hide_dataframe_shape=True,
-                   tbl_hide_column_data_types=True, fmt_str_lengths=10, tbl_width_chars=250,
+    cols = ICL_COLS if icl else COLS
+    cols = [*cols[:1], *(c for c in extra.values() if c not in cols), *cols[1:]]
+    show = df.select([c for c in cols if c in df.columns and c not in drop]).head(10)
+    # squared errors of the ICL tasks are far below 1e-3: scientific notation, not 0.000
+    show = show.with_columns(pl.col(c).map_elements(lambda v: f"{v:.2e}", return_dtype=pl.Utf8)
+                             for c in ("val_loss", "test_infer_loss") if c in show.columns)
+    with pl.Config(tbl_rows=12, tbl_cols=24, float_precision=3, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True, fmt_str_lengths=16, tbl_width_chars=250,
                    tbl_formatting="ASCII_MARKDOWN"):
         print(show)
     base = baselines(spec)
