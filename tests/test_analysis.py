@@ -245,3 +245,22 @@ def test_report_from_ray_dir_through_cli_register(tmp_path):
     assert args.func(args) == 0
     assert "| Algorithm 1 | 40.0 |" in (tmp_path / "out" / "table1_accuracy.md").read_text()
     assert (tmp_path / "out" / "fig2_gap_bound_vs_T.png").stat().st_size > 0  # a "no data" figure
+
+
+def test_ray_dir_of_a_real_sweep_names_task_and_method(tmp_path):
+    """A stabray sweep's params.json is the nested trainable config (or a grid's {"trial_config": ...}):
+    load_ray gives it the same flat params as MLflow (task, method, lam, bits, lr, seed), so selection
+    by (task, method) sees it."""
+    cfgs = [{"task": {"name": "icl_quadratic", "params": {"init_gain": g}}, "method": {"name": "sft_cot", "params": {}},
+             "train": {"lr": 1.0, "epochs": 8}, "seed": s} for g, s in ((0.5, 0), (0.75, 1))]
+    for i, (cfg, val) in enumerate(zip(cfgs, (0.5, 0.9))):
+        d = tmp_path / f"trial_{i}"
+        d.mkdir()
+        (d / "params.json").write_text(json.dumps(cfg if i == 0 else {"trial_config": cfg}))
+        (d / "result.json").write_text(json.dumps({"val_acc": val, "test_acc": val, "training_iteration": 1,
+                                                   "trial_id": f"t{i}", "done": True}) + "\n")
+    df = load_ray(tmp_path).trials
+    assert df["task"].to_list() == ["icl_quadratic"] * 2 and df["method"].to_list() == ["sft_cot"] * 2
+    assert df["seed"].to_list() == [0, 1] and df["lam"].to_list() == [1.0, 1.0] and df["lr"].to_list() == [1.0, 1.0]
+    assert df["init_gain"].to_list() == [0.5, 0.75]
+    assert select_best(df)["trial_id"].to_list() == ["t1"]

@@ -180,6 +180,19 @@ def test_icl_figures_subcommand_plots_the_checkpoint_curves(tmp_path):
     assert _plotted(out2)[1] == left
     assert stabray_main(["icl-figures", str(tmp_path / "ray"), "--out", str(out2)]) == 2  # not a trial dir
 
+    # --experiment with --ray-dir: the best of the sweep dir's trials (params.json + result.json as Ray writes them)
+    other = tmp_path / "ray" / "trainable_1"
+    (other / "checkpoint_000001").mkdir(parents=True)  # empty: choosing this trial would fail
+    for d, tid, val in ((trial, "a", 0.9), (other, "b", 0.4)):
+        (d / "params.json").write_text(json.dumps(run.cfg.model_dump()))
+        (d / "result.json").write_text(json.dumps({"trial_id": tid, "val_acc": val, "training_iteration": 1,
+                                                   "test_acc": val, "done": True}) + "\n")
+    out3 = tmp_path / "figs3"
+    assert analysis_main(["icl-figures", "--experiment", "icl_linear", "--ray-dir", str(tmp_path / "ray"),
+                          "--out", str(out3)]) == 0
+    data3 = _plotted(out3)
+    assert "best trial a " in data3[0]["source"] and data3[1] == left
+
 
 def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
     """--experiment picks the trial with the best validation accuracy, plots its checkpoint, and
