@@ -201,7 +201,7 @@ def figure6(curves: dict[str, Any]):
     _plot(ax, curves, "jac_err", "--", r"max $\|J - J_{theory}\|$")
     ax.set_xlabel("steps T"); ax.set_yscale("symlog", linthresh=1e-3); ax.set_title("EAF and Jacobian error")
     ax.legend(fontsize=7)
-    fig.suptitle(str(curves.get("task", "")))
+    fig.suptitle(str(curves.get("task", "")), y=1.04)
     return fig
 
 
