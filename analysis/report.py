@@ -24,6 +24,7 @@ def build_report(
     trials, decomp = loaded.trials, loaded.decomposition
     tables = all_tables(trials, decomp)
     figures = all_figures(trials, decomp, out)
+    figures += icl_figures(experiment, trials, tracking_uri, ray_dir, out)
     for t in tables:
         t.write(out)
     source = f"Ray Tune dir `{ray_dir}`" if ray_dir else f"MLflow `{tracking_uri or 'default'}`"
@@ -33,7 +34,7 @@ def build_report(
              f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition.", "",
              table1(trials).to_markdown(), "", "## Files", ""]
     lines += [f"- `{t.name}.md|tex|csv`: {t.caption}" + (f" ({t.note})" if t.note else "") for t in tables]
-    lines += [f"- `{p.name}`" for p in figures]
+    lines += [f"- `{p.relative_to(out)}`" for p in figures]
     (out / "README.md").write_text("\n".join(lines) + "\n")
     trials.write_csv(out / "trials.csv", null_value="")
     if log_to_mlflow and ray_dir is None:
@@ -45,3 +46,19 @@ def build_report(
             mlflow.MlflowClient(tracking_uri=tracking_uri).log_artifacts(loaded.parent_run_id, str(out), "report")
     print(f"report: wrote {len(tables)} tables and {len(figures)} figures to {out}")
     return out
+
+
+def icl_figures(experiment: str, trials, tracking_uri=None, ray_dir=None, out: Path = Path(".")) -> list[Path]:
+    """Figures 3 and 6 of each in-context GD task's best trial, into <out>/<task>/ (none for other tasks)."""
+    from analysis.icl_figures import run
+    from stabray.errors import UserError
+
+    tasks = sorted(t for t in trials["task"].drop_nulls().unique().to_list() if t.startswith("icl_")) \
+        if trials.height else []
+    paths: list[Path] = []
+    for task in tasks:
+        try:
+            paths += run(None, experiment, tracking_uri, ray_dir, task, out / task)
+        except UserError as e:  # e.g. no finished trial yet: the rest of the report still gets written
+            print(f"warning: no ICL figures for {task}: {e}")
+    return paths

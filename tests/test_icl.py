@@ -237,6 +237,13 @@ def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
     assert f6["step Jacobian"]["theory (mean)"] == pytest.approx(run.curves["theory_norm"])
     assert analysis_main(["icl-figures", "--experiment", "nope", "--tracking-uri", uri]) == 2
 
+    # the sweep report holds the same figures for an ICL experiment (here from the run's metrics)
+    from analysis.report import build_report
+
+    rep = build_report("icl_linear", uri, out=tmp_path / "report", log_to_mlflow=False)
+    assert _plotted(rep / "icl_linear")[1]["inference (self-generated steps)"] == left["inference (self-generated steps)"]
+    assert "`icl_linear/figure6_icl_jacobians.png`" in (rep / "README.md").read_text()
+
 
 def test_sweep_summary_speaks_of_icl_metrics(capsys):
     """The closing table of an ICL sweep shows the GD-step metrics and explains val_acc as the 5% rule."""
