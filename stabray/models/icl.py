@@ -19,9 +19,8 @@ the function class.
 weights = "full" trains every entry of W^KQ_h and W^PV_h (eq. 5 as written). weights = "blocks"
 trains only the blocks Lemma 3.3's construction uses, per head: W^KQ[x rows, theta columns] (d x d),
 W^KQ[y row, one column] and W^PV[theta rows, x columns] (d x d); every other entry is fixed at 0.
-This is the weight space in which Theorem 3.4's gradient flow moves from the aligned start (by the
-rotation symmetry of x and theta*, the population gradient has no component outside it); the
-construction, and every per-head rescaling of it, lies inside. Why the option exists: for the
+The construction, and every per-head rescaling of it, lies inside (Theorem 3.4's proof restricts the
+dynamics further, to the two scalars lambda_K, lambda_V of the aligned start). Why the option exists: for the
 quadratic task some entries outside the blocks have a curvature ~1e4 times that of the blocks
 (W^PV[theta, y] of a square head multiplies y_k (a_k +- y_k)^2), so finite-batch gradient noise there
 swamps the fit (see the README's ICL section for the measurements).
