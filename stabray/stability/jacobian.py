@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.func import jvp, vjp, vmap
@@ -222,11 +223,12 @@ def power_iteration(f, x: torch.Tensor, in_idx, in_ok, out_idx, out_ok, v0: torc
     L = x.shape[1]
     primals = [x] if x_minus is None else [x, x_minus]
     signs = [1.0] if x_minus is None else [1.0, -1.0]
+    fs = list(f) if isinstance(f, (list, tuple)) else [f] * len(primals)  # one f per primal, or shared
     # One forward per primal; its graph serves every iteration. J v comes from the vjp of the
     # (linear) vjp function, "double vjp": measured ~1.6x faster than vmap over jvp here.
     vjp_fns, jvp_fns = [], []
-    for xp in primals:
-        out, fn = vjp(f, xp)
+    for fp, xp in zip(fs, primals):
+        out, fn = vjp(fp, xp)
         vjp_fns.append(fn)
         jvp_fns.append(vjp(fn, torch.zeros_like(out))[1])
 
@@ -353,6 +355,28 @@ def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: i
     return _result(_assemble(probes, sig, T), T, include_question)
 
 
+def _chunks(probes: list[_Probes], idxs: list[int], Pmax: int, prefix_cache: bool, max_rows: int):
+    """Probe-index ranges (p0, p1, split, end) of one batch: consecutive probes whose input block
+    starts at the same position share a chunk (probes are ordered by input block i), so each
+    chunk differentiates only from its own block i on (`split`; 0 without the prefix cache) up to its
+    last output position (`end`). `max_rows` bounds probes x (end - split) per chunk."""
+    def start(p):
+        return min(probes[n].ins[p][0] for n in idxs if p < len(probes[n].ins))
+
+    def stop(p0, p1):
+        return max(o[-1] for n in idxs for o in probes[n].outs[p0:p1]) + 1
+
+    out, p0 = [], 0
+    while p0 < Pmax:
+        p1, s0 = p0 + 1, start(p0)
+        while p1 < Pmax and start(p1) == s0 and (p1 + 1 - p0) * (stop(p0, p1 + 1) - s0) <= max(max_rows, 1):
+            p1 += 1
+        split = s0 if prefix_cache else 0
+        out.append((p0, p1, split, stop(p0, p1)))
+        p0 = p1
+    return out
+
+
 def with_latent_steps(enc: Encoded, slots: list[int]) -> Encoded:
     """`enc` with each latent slot (a one-position block) among its steps, in sequence order."""
     if not slots:
@@ -401,46 +425,54 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
                 size = (x * mask).flatten(1).norm(dim=1) * delta_rel  # (B,)
                 delta = delta * (size / delta.flatten(1).norm(dim=1).clamp_min(1e-30))[:, None, None]
                 x_minus, x, scale = x, x + delta, size.float().cpu()
-            first_out = min(min(o[0] for o in probes[n].outs) for n in idxs)
-            keep = L - first_out
-            hidden = None  # (B, keep): outputs that are fed-back hidden states (before a latent slot)
-            if method is not None:
-                hidden = torch.zeros(len(idxs), keep, dtype=torch.bool, device=dev)
-                for b, r in enumerate(ids):
-                    for q in method.latent_slots(r):
-                        if q - 1 >= first_out:
-                            hidden[b, q - 1 - first_out] = True
-            # Every tangent is zero before the first input position, so that prefix is a constant:
-            # run it once, keep its keys/values, and differentiate only the suffix.
-            split = min(min(p[0] for p in probes[n].ins) for n in idxs) if prefix_cache else 0
-            kv = prefix_kv(model, x[:, :split]) if split > 0 else None
-            if kv is None:
-                split = 0
-                f = expected_embedding_fn(model, keep, hidden)
-            else:
-                f = suffix_expected_embedding_fn(model, keep, kv, hidden)
-                x = x[:, split:]
-                x_minus = x_minus[:, split:] if x_minus is not None else None
-            Ls = L - split
+            latent = [method.latent_slots(r) for r in ids] if method is not None else None
             C = max(len(p) for n in idxs for p in probes[n].ins)
             Co = max(len(p) for n in idxs for p in probes[n].outs)
             Pmax = max(len(probes[n].keys) for n in idxs)
-            chunk = max(1, max_tangent_elems // (len(idxs) * Ls * d))
             warm = [tracker.get(n, (len(probes[n].keys), C, d)) if tracker is not None else None for n in idxs]
             starts = [w if w is not None else _start_vectors(seed, n, len(probes[n].keys), C, d)
                       for w, n in zip(warm, idxs)]
             k_iters = tracker.warm_iters if tracker is not None and all(w is not None for w in warm) else iters
             sig_b = torch.zeros(Pmax, len(idxs))
             v_b = torch.zeros(Pmax, len(idxs), C, d)
-            for p0 in range(0, Pmax, chunk):
-                p1 = min(Pmax, p0 + chunk)
+            kv_cache: dict[tuple[int, int], Any] = {}
+            for p0, p1, split, end in _chunks(probes, idxs, Pmax, prefix_cache, max_tangent_elems // (len(idxs) * d)):
+                # Window [split, end): every tangent of the chunk is zero before `split` (that prefix
+                # runs once as a KV cache and is a constant) and no output after `end` is read.
+                first_out = min(o[0] for n in idxs for o in probes[n].outs[p0:p1])
+                keep = end - first_out
+                hidden = None  # (B, keep): outputs that are fed-back hidden states (before a latent slot)
+                if latent is not None:
+                    hidden = torch.zeros(len(idxs), keep, dtype=torch.bool, device=dev)
+                    for b, slots in enumerate(latent):
+                        for q in slots:
+                            if first_out <= q - 1 < end:
+                                hidden[b, q - 1 - first_out] = True
+                prim = [x] if x_minus is None else [x, x_minus]
+                fs = []
+                for k, xp in enumerate(prim):
+                    kv = None
+                    if split > 0:
+                        if (k, split) not in kv_cache:
+                            kv_cache[(k, split)] = prefix_kv(model, xp[:, :split])
+                        kv = kv_cache[(k, split)]
+                    if kv is None and split > 0:  # a model without a KV cache: whole sequence
+                        fs = None
+                        break
+                    fs.append(suffix_expected_embedding_fn(model, keep, kv, hidden) if kv is not None
+                              else expected_embedding_fn(model, keep, hidden))
+                if fs is None:
+                    split = 0
+                    fs = [expected_embedding_fn(model, keep, hidden)] * len(prim)
+                xs = [xp[:, split:end] for xp in prim]
                 in_idx, in_ok = _index([probes[n].ins[p0:p1] for n in idxs], p1 - p0, C, offset=split)
-                out_idx, out_ok = _index([probes[n].outs[p0:p1] for n in idxs], p1 - p0, Co, offset=L - keep)
+                out_idx, out_ok = _index([probes[n].outs[p0:p1] for n in idxs], p1 - p0, Co, offset=first_out)
                 v0 = torch.zeros(p1 - p0, len(idxs), C, d)
-                for b, s in enumerate(starts):
-                    v0[:s[p0:p1].shape[0], b] = s[p0:p1]
-                s_, v_ = power_iteration(f, x, in_idx.to(dev), in_ok.to(dev), out_idx.to(dev), out_ok.to(dev),
-                                         v0.to(dev, E.dtype), k_iters, keep, x_minus=x_minus)
+                for b, s0 in enumerate(starts):
+                    v0[:s0[p0:p1].shape[0], b] = s0[p0:p1]
+                s_, v_ = power_iteration(fs, xs[0], in_idx.to(dev), in_ok.to(dev), out_idx.to(dev), out_ok.to(dev),
+                                         v0.to(dev, E.dtype), k_iters, keep,
+                                         x_minus=xs[1] if len(xs) > 1 else None)
                 sig_b[p0:p1], v_b[p0:p1] = s_.float().cpu(), v_.float().cpu()
             if scale is not None:
                 sig_b = sig_b / scale.clamp_min(1e-30)[None]
