@@ -99,6 +99,13 @@ def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     assert again.trainer.epoch == 1 and again.curves
     for a, b in zip(again.model.parameters(), run.model.parameters()):
         assert torch.equal(a, b)
+    # the stability command on an ICL checkpoint prints the runner's own (exact-Jacobian) table
+    from stabray.cli import main
+    assert main(["stability", str(tmp_path / "ck"), "--n", "8", "--out", str(tmp_path / "st")]) == 0
+    got = json.loads((tmp_path / "st" / "stability.json").read_text())["rows"]
+    want = again.decomposition(8)
+    assert [r["T"] for r in got] == list(range(1, T + 1))
+    assert [r["eaf"] for r in got] == pytest.approx([r["eaf"] for r in want], rel=1e-9)
 
 
 def test_quadratic_runner_one_epoch(tmp_path):
