@@ -12,10 +12,10 @@ Estimator. One spectral norm per (i, t) pair, t > i, by power iteration on J^T J
 function, which reuses the saved forward graph and measured faster here than `torch.func.jvp`); the estimate after the last iteration is ||J^T J v|| / ||J v||,
 a lower bound of sigma_max that is at least as tight as ||J v||. All pairs of all examples in a
 batch run at once: the forward is done once per batch, `vjp`'s saved graph is reused across all
-iterations, and `vmap` carries one tangent per (pair, example) (a "probe"). Every tangent is zero
-before the batch's first probed position, so that prefix (the question) runs once as a KV cache and
-only the suffix is differentiated (exact; `prefix_cache=False` differentiates the whole sequence).
-Vectors live in a
+iterations, and `vmap` carries one tangent per (pair, example) (a "probe"). The probes of one
+input block i share a window: every tangent is zero before block i, so that prefix runs once as a
+KV cache, and the sequence is cut after the last output read (both exact; `prefix_cache=False`
+differentiates from position 0). Vectors live in a
 compact (probe, token, hidden) layout, so an `EAFTracker` can keep them between calls and
 warm-start the next evaluation (during training, every epoch).
 
@@ -103,13 +103,20 @@ def _outputs(model, E, keep: int, hidden: torch.Tensor | None, **kw):
     return out
 
 
-def expected_embedding_fn(model, keep: int, hidden: torch.Tensor | None = None):
+def expected_embedding_fn(model, keep: int, hidden: torch.Tensor | None = None, kv=None):
     """f(x): (B, L, d) input embeddings -> (B, keep, d) expected embeddings of the last `keep` positions
-    (last hidden states where `hidden` is True)."""
+    (last hidden states where `hidden` is True). With `kv` (`prefix_kv`), x is the suffix after a
+    constant prefix given as its per-layer keys/values: nothing flows back into the prefix, so
+    forward, JVP and VJP cost scale with the suffix length, not the whole sequence."""
     E = embedding_matrix(model)
 
     def f(x):
-        return _outputs(model, E, keep, hidden, inputs_embeds=x, use_cache=False)
+        if kv is None:
+            return _outputs(model, E, keep, hidden, inputs_embeds=x, use_cache=False)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=list(kv))  # fresh: a forward appends to it
+        return _outputs(model, E, keep, hidden, inputs_embeds=x, cache=cache, use_cache=True)
 
     return f
 
@@ -125,21 +132,6 @@ def prefix_kv(model, x_prefix: torch.Tensor):
     if not layers or any(getattr(la, "keys", None) is None for la in layers):
         return None
     return [(la.keys, la.values) for la in layers]
-
-
-def suffix_expected_embedding_fn(model, keep: int, kv, hidden: torch.Tensor | None = None):
-    """f(x_suffix): the expected embeddings of the last `keep` positions, with the prefix given as
-    its per-layer keys/values (`prefix_kv`). The prefix is a constant: nothing flows back into it,
-    so forward, JVP and VJP cost scales with the suffix length, not the whole sequence."""
-    from transformers import DynamicCache
-
-    E = embedding_matrix(model)
-
-    def f(x):
-        cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])  # fresh: a forward appends to it
-        return _outputs(model, E, keep, hidden, inputs_embeds=x, cache=cache, use_cache=True)
-
-    return f
 
 
 # ---------------------------------------------------------------- blocks and probes
@@ -340,8 +332,8 @@ def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: i
     (`Method.model_inputs`), and each latent slot is a step: its output is the last hidden state of
     the position before it (the vector fed back into the slot), its input the slot's embedding.
 
-    batch_size: examples per forward; max_tangent_elems bounds probes x examples x L x d held at
-    once (probes beyond it run in further chunks on the same forward graph).
+    batch_size: examples per forward; max_tangent_elems bounds probes x examples x window x d held
+    at once (probes beyond it run in further chunks).
     """
     _check(aggregation, iters, token_cap)
     if method is not None and method.latent_thoughts:
@@ -393,8 +385,8 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
     With `delta_rel`, each example's input embeddings at its probes' input positions are perturbed
     by Gaussian delta with ||delta|| = delta_rel * ||x there||, and the result is
     ||J(x + delta) - J(x)|| / ||delta|| (the finite-difference Lipschitz ratio behind C2).
-    prefix_cache: run the tokens before the first probed position once as a KV cache (exact; falls
-    back to whole-sequence differentiation for a model without a cache).
+    prefix_cache: run the tokens before each chunk's input block once as a KV cache (exact; falls
+    back to differentiating from position 0 for a model without a cache).
     """
     sig: list[torch.Tensor] = [torch.zeros(0)] * len(encoded)
     E = embedding_matrix(model)
@@ -448,22 +440,16 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
                         for q in slots:
                             if first_out <= q - 1 < end:
                                 hidden[b, q - 1 - first_out] = True
-                prim = [x] if x_minus is None else [x, x_minus]
-                fs = []
-                for k, xp in enumerate(prim):
-                    kv = None
-                    if split > 0:
-                        if (k, split) not in kv_cache:
+                prim = [x] if x_minus is None else [x, x_minus]  # C2: each primal has its own prefix
+                kvs = [None] * len(prim)
+                if split > 0:
+                    for k, xp in enumerate(prim):
+                        if (k, split) not in kv_cache:  # chunks capped by max_rows share a split
                             kv_cache[(k, split)] = prefix_kv(model, xp[:, :split])
-                        kv = kv_cache[(k, split)]
-                    if kv is None and split > 0:  # a model without a KV cache: whole sequence
-                        fs = None
-                        break
-                    fs.append(suffix_expected_embedding_fn(model, keep, kv, hidden) if kv is not None
-                              else expected_embedding_fn(model, keep, hidden))
-                if fs is None:
-                    split = 0
-                    fs = [expected_embedding_fn(model, keep, hidden)] * len(prim)
+                        kvs[k] = kv_cache[(k, split)]
+                    if any(kv is None for kv in kvs):  # a model without a KV cache: whole sequence
+                        split, kvs = 0, [None] * len(prim)
+                fs = [expected_embedding_fn(model, keep, hidden, kv) for kv in kvs]
                 xs = [xp[:, split:end] for xp in prim]
                 in_idx, in_ok = _index([probes[n].ins[p0:p1] for n in idxs], p1 - p0, C, offset=split)
                 out_idx, out_ok = _index([probes[n].outs[p0:p1] for n in idxs], p1 - p0, Co, offset=first_out)
