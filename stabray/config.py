@@ -241,7 +241,10 @@ def set_path(d: dict, path: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-def get_path(d: dict, path: str) -> Any:
+def get_path(d: dict, path: str, default: Any = None) -> Any:
+    """The value at a dotted path of nested dicts, or `default` where the path does not exist."""
     for k in path.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return default
         d = d[k]
     return d

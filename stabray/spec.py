@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stabray.config import (SHORT_NAMES, Dist, MethodCfg, MethodEntry, SweepSpec, TrialConfig,
-                            format_validation_error, get_path, read_yaml, set_path)
+                            format_validation_error, read_yaml, set_path)
 from stabray.errors import SpecError, UserError
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"

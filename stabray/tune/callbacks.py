@@ -106,7 +106,6 @@ class MLflowTuneCallback(Callback):
         if table:
             log_stability_table(self.store, rid, table)
 
-
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # the latest checkpoint (older ones are deleted: num_to_keep=1), for `stabray stability <run id>`
         self.store.set_tag(self._run_id(trial), CHECKPOINT, checkpoint.path)

@@ -6,6 +6,8 @@ from typing import Any
 
 import polars as pl
 
+from stabray.config import get_path
+
 COLS = ["trial_id", "method", "lam", "bits", "lr", "lora_rank", "epochs_run", "val_acc", "best_val_acc", "test_acc",
         "test_long_acc", "eaf", "final_eaf", "loss_gap", "status"]
 # The in-context GD tasks (icl_linear, icl_quadratic) predict vectors: no compression / QAT columns,
@@ -37,14 +39,6 @@ def is_icl(task_name: str) -> bool:
     return issubclass(TASKS.get(task_name), ICLTask)
 
 
-def _at(cfg: dict[str, Any], path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(cfg, dict) or part not in cfg:
-            return None
-        cfg = cfg[part]
-    return cfg
-
-
 def searched_columns(spec) -> dict[str, str]:
     """Searched config paths without a column of their own (e.g. task.params.init_gain) -> column name."""
     from stabray.spec import space_path
@@ -64,7 +58,7 @@ def trials_frame(grid, extra: dict[str, str] | None = None) -> pl.DataFrame:
         m = r.metrics or {}
         mp = cfg.get("method", {}).get("params", {})
         rows.append({
-            **{name: _at(cfg, path) for path, name in (extra or {}).items()},
+            **{name: get_path(cfg, path) for path, name in (extra or {}).items()},
             "trial_id": m.get("trial_id", ""),
             "method": cfg.get("method", {}).get("name", ""),
             "lam": float(mp.get("lam", 1.0)), "bits": int(mp.get("bits", 32)),
