@@ -321,11 +321,12 @@ def load_ray(path: str | Path, experiment: str | None = None) -> Loaded:
         tdir = params_file.parent
         config = json.loads(params_file.read_text())
         params = _flatten(config)
-        trial_cfg = config.get("trial_config", config)  # a grid over whole configs nests them (stabray.tune.BUNDLE)
+        from stabray.tune.callbacks import trial_params
+        from stabray.tune.trainable import unwrap
+
+        trial_cfg = unwrap(config)  # a grid over whole configs nests them (stabray.tune.trainable.BUNDLE)
         if isinstance(trial_cfg.get("task"), dict) and isinstance(trial_cfg.get("method"), dict):
             # a stabray trainable config: the same flat params the MLflow callback logs (task, method, lam, ...)
-            from stabray.tune.callbacks import trial_params
-
             params.update(trial_params(trial_cfg))
         results = _read_results(tdir / "result.json")
         metrics: dict[str, float] = {}
