@@ -7,5 +7,17 @@ from analysis.load import Loaded, TrialRecord, load, load_mlflow, load_ray, tria
 from analysis.select import mean_std, seeds_of, select_best
 from analysis.tables import Table, all_tables, latex_escape
 
-__all__ = ["Loaded", "Table", "TrialRecord", "all_tables", "latex_escape", "load", "load_mlflow", "load_ray",
-           "mean_std", "seeds_of", "select_best", "trials_frame"]
+__all__ = [
+    "Loaded",
+    "Table",
+    "TrialRecord",
+    "all_tables",
+    "latex_escape",
+    "load",
+    "load_mlflow",
+    "load_ray",
+    "mean_std",
+    "seeds_of",
+    "select_best",
+    "trials_frame",
+]

@@ -8,9 +8,12 @@ import argparse
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment = sweep name, e.g. dijkstra")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or MLflow's default); "
-                        "use an absolute sqlite path, sqlite:////abs/mlflow.db")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or MLflow's default); "
+        "use an absolute sqlite path, sqlite:////abs/mlflow.db",
+    )
 
 
 def _report(args) -> int:
@@ -60,9 +63,11 @@ def register_icl_figures(subparsers) -> None:
     from analysis.icl_figures import add_arguments
 
     p = subparsers.add_parser(
-        "icl-figures", help="Figures 3 and 6 (losses, Jacobians, EAF vs T) of an icl_linear / icl_quadratic trial",
+        "icl-figures",
+        help="Figures 3 and 6 (losses, Jacobians, EAF vs T) of an icl_linear / icl_quadratic trial",
         description="Figures 3 and 6 of the paper as PNG, from a checkpoint dir, a Ray trial dir, an MLflow "
-                    "run id, or a sweep's best ICL trial (--experiment)")
+        "run id, or a sweep's best ICL trial (--experiment)",
+    )
     add_arguments(p)
     p.set_defaults(func=_icl_figures)
 

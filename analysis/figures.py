@@ -98,8 +98,11 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
     (task, method) that swept the param."""
     title = f"EAF against {xlabel}"
     df = _one_knob(trials, param)
-    panels = [(y, lab) for y, lab in (("eaf_value", "error amplification factor Σρ"), ("loss_gap", "loss gap"))
-              if df[y].drop_nulls().len() > 0]
+    panels = [
+        (y, lab)
+        for y, lab in (("eaf_value", "error amplification factor Σρ"), ("loss_gap", "loss gap"))
+        if df[y].drop_nulls().len() > 0
+    ]
     if df.is_empty() or not panels:
         return _no_data(path, title, f"no (task, method) swept `{param}` with an EAF or loss gap logged")
     lines = df.select("task", "method").unique().sort("task", "method").rows()

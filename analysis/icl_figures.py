@@ -32,8 +32,23 @@ from typing import Any
 
 from analysis.figures import _save, plt
 
-CURVES = ("infer_loss", "tf_loss", "infer_star", "tf_star", "step_noise", "weight_noise", "jac_norm",
-          "jac_norm_max", "theory_norm", "jac_err", "offdiag_max", "jac_prod", "theory_prod", "eaf", "acc")
+CURVES = (
+    "infer_loss",
+    "tf_loss",
+    "infer_star",
+    "tf_star",
+    "step_noise",
+    "weight_noise",
+    "jac_norm",
+    "jac_norm_max",
+    "theory_norm",
+    "jac_err",
+    "offdiag_max",
+    "jac_prod",
+    "theory_prod",
+    "eaf",
+    "acc",
+)
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -109,8 +124,9 @@ def _ray_trial_dir(root: Path, trial_id: str) -> Path | None:
     return None
 
 
-def best_trial(experiment: str, tracking_uri: str | None = None, ray_dir: str | Path | None = None,
-               task: str | None = None) -> dict[str, Any]:
+def best_trial(
+    experiment: str, tracking_uri: str | None = None, ray_dir: str | Path | None = None, task: str | None = None
+) -> dict[str, Any]:
     """The sweep's selected ICL trial (a row of analysis.load's trials frame, with `score`)."""
     import polars as pl
 
@@ -122,15 +138,21 @@ def best_trial(experiment: str, tracking_uri: str | None = None, ray_dir: str | 
     icl = trials.filter(pl.col("task").str.starts_with("icl_") & ((pl.col("task") == task) if task else True))
     best = select_best(icl, by=("task",)).sort("score", descending=True)
     if best.is_empty():
-        raise UserError(f"experiment {experiment!r}: no finished ICL trial with a validation score "
-                        f"({trials.height} trials in all)")
+        raise UserError(
+            f"experiment {experiment!r}: no finished ICL trial with a validation score ({trials.height} trials in all)"
+        )
     if best.height > 1 and task is None:
         raise UserError(f"experiment {experiment!r} holds several ICL tasks {best['task'].to_list()}; pass --task")
     return best.row(0, named=True)
 
 
-def resolve(source: str | None = None, experiment: str | None = None, tracking_uri: str | None = None,
-            ray_dir: str | Path | None = None, task: str | None = None) -> tuple[dict[str, Any], str]:
+def resolve(
+    source: str | None = None,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    ray_dir: str | Path | None = None,
+    task: str | None = None,
+) -> tuple[dict[str, Any], str]:
     """(curves, where they came from) for a checkpoint / trial dir, an MLflow run id, or a sweep's best trial."""
     from stabray.errors import UserError
 
@@ -169,18 +191,26 @@ def _plot(ax, curves: dict[str, Any], key: str, style: str, label: str, **kw) ->
 def figure3(curves: dict[str, Any]):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     ax = axes[0]
-    for key, label, style in (("infer_star", "inference (self-generated steps)", "-o"),
-                              ("tf_star", "teacher-forced (true steps)", "--s"),
-                              ("step_noise", "inference, noise on fed-back iterates", ":^"),
-                              ("weight_noise", "inference, noise on weights", ":v")):
+    for key, label, style in (
+        ("infer_star", "inference (self-generated steps)", "-o"),
+        ("tf_star", "teacher-forced (true steps)", "--s"),
+        ("step_noise", "inference, noise on fed-back iterates", ":^"),
+        ("weight_noise", "inference, noise on weights", ":v"),
+    ):
         _plot(ax, curves, key, style, label, ms=3)
-    ax.set_yscale("log"); ax.set_xlabel("steps T"); ax.set_ylabel(r"$\|\hat\theta_T - \theta^\star\|^2$")
-    ax.set_title(f"Figure 3: {curves.get('task', '')} loss vs theta*"); ax.legend(fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("steps T")
+    ax.set_ylabel(r"$\|\hat\theta_T - \theta^\star\|^2$")
+    ax.set_title(f"Figure 3: {curves.get('task', '')} loss vs theta*")
+    ax.legend(fontsize=7)
     ax = axes[1]
     for key, label, style in (("infer_loss", "inference", "-o"), ("tf_loss", "teacher-forced", "--s")):
         _plot(ax, curves, key, style, label, ms=3)
-    ax.set_yscale("log"); ax.set_xlabel("steps T"); ax.set_ylabel(r"$\|\hat\theta_T - \theta_T\|^2$")
-    ax.set_title("error vs the GD iterate (training target)"); ax.legend(fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("steps T")
+    ax.set_ylabel(r"$\|\hat\theta_T - \theta_T\|^2$")
+    ax.set_title("error vs the GD iterate (training target)")
+    ax.legend(fontsize=7)
     return fig
 
 
@@ -190,16 +220,22 @@ def figure6(curves: dict[str, Any]):
     _plot(ax, curves, "jac_norm", "-o", r"measured $\|J_{T-1}^{(T)}\|$ (mean)", ms=3)
     _plot(ax, curves, "jac_norm_max", "-", "measured (max over prompts)", lw=0.8)
     _plot(ax, curves, "theory_norm", "--s", "theory (mean)", ms=3)
-    ax.set_xlabel("steps T"); ax.set_ylabel("spectral norm"); ax.set_title("step Jacobian")
+    ax.set_xlabel("steps T")
+    ax.set_ylabel("spectral norm")
+    ax.set_title("step Jacobian")
     ax.legend(fontsize=7)
     ax = axes[1]
     _plot(ax, curves, "jac_prod", "-o", r"measured $\sum_{i\leq T}\|P_i\|^2$", ms=3)
     _plot(ax, curves, "theory_prod", "--s", "theory", ms=3)
-    ax.set_xlabel("steps T"); ax.set_title("Figure 6: Jacobian product norm"); ax.legend(fontsize=7)
+    ax.set_xlabel("steps T")
+    ax.set_title("Figure 6: Jacobian product norm")
+    ax.legend(fontsize=7)
     ax = axes[2]
     _plot(ax, curves, "eaf", "-o", r"EAF $\sum_{i<T}\rho_i^{(T)}$", ms=3)
     _plot(ax, curves, "jac_err", "--", r"max $\|J - J_{theory}\|$")
-    ax.set_xlabel("steps T"); ax.set_yscale("symlog", linthresh=1e-3); ax.set_title("EAF and Jacobian error")
+    ax.set_xlabel("steps T")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_title("EAF and Jacobian error")
     ax.legend(fontsize=7)
     fig.suptitle(str(curves.get("task", "")), y=1.04)
     return fig
@@ -231,8 +267,14 @@ def summary(curves: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(source: str | None = None, experiment: str | None = None, tracking_uri: str | None = None,
-        ray_dir: str | None = None, task: str | None = None, out: str | None = None) -> list[Path]:
+def run(
+    source: str | None = None,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    ray_dir: str | None = None,
+    task: str | None = None,
+    out: str | None = None,
+) -> list[Path]:
     curves, where = resolve(source, experiment, tracking_uri, ray_dir, task)
     if not curves.get("T"):
         from stabray.errors import UserError
@@ -249,12 +291,18 @@ def run(source: str | None = None, experiment: str | None = None, tracking_uri: 
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("source", nargs="?", default=None,
-                    help="checkpoint dir, Ray trial dir or MLflow run id (omit with --experiment)")
+    ap.add_argument(
+        "source",
+        nargs="?",
+        default=None,
+        help="checkpoint dir, Ray trial dir or MLflow run id (omit with --experiment)",
+    )
     ap.add_argument("--experiment", default=None, help="sweep name: plot its best ICL trial")
     ap.add_argument("--task", default=None, help="with --experiment: which ICL task, when the sweep has several")
     ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (sqlite:////abs/mlflow.db)")
-    ap.add_argument("--ray-dir", default=None, help="with --experiment: a sweep's Ray Tune results dir instead of MLflow")
+    ap.add_argument(
+        "--ray-dir", default=None, help="with --experiment: a sweep's Ray Tune results dir instead of MLflow"
+    )
     ap.add_argument("--out", default=None, help="folder for the PNGs (default: ./reports/<task>)")
 
 

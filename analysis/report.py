@@ -29,10 +29,17 @@ def build_report(
         t.write(out)
     source = f"Ray Tune dir `{ray_dir}`" if ray_dir else f"MLflow `{tracking_uri or 'default'}`"
     n_ok = trials.filter(trials["status"] == "FINISHED").height if trials.height else 0
-    lines = [f"# Report: {experiment}", "",
-             f"Source: {source}; {trials.height} trials ({n_ok} finished), "
-             f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition.", "",
-             table1(trials).to_markdown(), "", "## Files", ""]
+    lines = [
+        f"# Report: {experiment}",
+        "",
+        f"Source: {source}; {trials.height} trials ({n_ok} finished), "
+        f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition.",
+        "",
+        table1(trials).to_markdown(),
+        "",
+        "## Files",
+        "",
+    ]
     lines += [f"- `{t.name}.md|tex|csv`: {t.caption}" + (f" ({t.note})" if t.note else "") for t in tables]
     lines += [f"- `{p.relative_to(out)}`" for p in figures]
     (out / "README.md").write_text("\n".join(lines) + "\n")
@@ -53,8 +60,11 @@ def icl_figures(experiment: str, trials, tracking_uri=None, ray_dir=None, out: P
     from analysis.icl_figures import run
     from stabray.errors import UserError
 
-    tasks = sorted(t for t in trials["task"].drop_nulls().unique().to_list() if t.startswith("icl_")) \
-        if trials.height else []
+    tasks = (
+        sorted(t for t in trials["task"].drop_nulls().unique().to_list() if t.startswith("icl_"))
+        if trials.height
+        else []
+    )
     paths: list[Path] = []
     for task in tasks:
         try:

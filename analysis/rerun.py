@@ -33,9 +33,7 @@ def expand_seeds(config: dict, done: Iterable[int], n_seeds: int) -> list[dict]:
     return [{**config, "seed": s} for s in seed_plan(base, done, n_seeds)]
 
 
-def plan_reruns(
-    trials: pl.DataFrame, configs: dict[str, dict], n_seeds: int = 3
-) -> list[dict]:
+def plan_reruns(trials: pl.DataFrame, configs: dict[str, dict], n_seeds: int = 3) -> list[dict]:
     """Configs to run: for every selected trial, its config with each missing seed.
     `configs` maps trial_id -> the trainable config of the selected trials."""
     selected = select_best(trials)

@@ -38,9 +38,7 @@ def seeds_of(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = G
     return _finished(trials).drop([c for c in by]).join(keys, on="config_key", how="inner")
 
 
-def mean_std(
-    trials: pl.DataFrame, selected: pl.DataFrame, metric: str, by: Sequence[str] = GROUP
-) -> pl.DataFrame:
+def mean_std(trials: pl.DataFrame, selected: pl.DataFrame, metric: str, by: Sequence[str] = GROUP) -> pl.DataFrame:
     """Per group: mean, sample std (ddof=1; null with one seed) and n of `metric` over the seeds
     of the selected configuration. Trials where the metric is missing do not count."""
     by = list(by)

@@ -21,19 +21,36 @@ MISSING = "–"  # en dash; LaTeX gets "--"
 # Paper order first; anything else found in the data follows, sorted.
 PAPER_METHODS = ["no_cot", "sft_cot", "implicit_cot", "coconut", "nso", "alg1"]
 METHOD_LABELS = {
-    "no_cot": "No CoT", "sft_cot": "SFT-CoT", "implicit_cot": "Implicit CoT", "coconut": "Coconut",
-    "nso": "NSO", "alg1": "Algorithm 1", "mtp": "MTP",
+    "no_cot": "No CoT",
+    "sft_cot": "SFT-CoT",
+    "implicit_cot": "Implicit CoT",
+    "coconut": "Coconut",
+    "nso": "NSO",
+    "alg1": "Algorithm 1",
+    "mtp": "MTP",
 }
 TASK_ORDER = ["dijkstra", "bellman_ford", "mst_prim", "bfs", "dfs", "lego_cyclic", "lego_symmetry"]
 TASK_LABELS = {
-    "dijkstra": "Dijkstra", "bellman_ford": "Bellman-Ford", "mst_prim": "Prim", "bfs": "BFS", "dfs": "DFS",
-    "lego_cyclic": "Cyclic", "lego_symmetry": "Symmetry",
+    "dijkstra": "Dijkstra",
+    "bellman_ford": "Bellman-Ford",
+    "mst_prim": "Prim",
+    "bfs": "BFS",
+    "dfs": "DFS",
+    "lego_cyclic": "Cyclic",
+    "lego_symmetry": "Symmetry",
 }
 REFERENCE_METHOD = "sft_cot"  # EAF reduction factors are relative to SFT-CoT
 # Table 5 always shows these when present, then any other param that varied across trials.
 HPARAMS = ["bits", "optimizer", "lr", "lora_rank", "lam", "latent_steps", "sigma"]
-HPARAM_LABELS = {"bits": "Bits", "optimizer": "Optimizer", "lr": "Learning rate", "lora_rank": "LoRA rank",
-                 "lam": "λ", "latent_steps": "Latent steps k", "sigma": "σ"}
+HPARAM_LABELS = {
+    "bits": "Bits",
+    "optimizer": "Optimizer",
+    "lr": "Learning rate",
+    "lora_rank": "LoRA rank",
+    "lam": "λ",
+    "latent_steps": "Latent steps k",
+    "sigma": "σ",
+}
 NOT_HPARAMS = {"task", "method", "seed", "model", "task_version", "trial_id", "run_id", "status", "config_key"}
 
 
@@ -58,11 +75,20 @@ class Table:
 
     def to_latex(self) -> str:
         cols = self.display.columns
-        out = ["% needs \\usepackage{booktabs}", "\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(self.caption)}}}",
-               f"\\label{{tab:{self.name}}}"]
+        out = [
+            "% needs \\usepackage{booktabs}",
+            "\\begin{table}[t]",
+            "\\centering",
+            f"\\caption{{{latex_escape(self.caption)}}}",
+            f"\\label{{tab:{self.name}}}",
+        ]
         if cols:
-            out += [f"\\begin{{tabular}}{{l{'c' * (len(cols) - 1)}}}", "\\toprule",
-                    " & ".join(latex_escape(c) for c in cols) + " \\\\", "\\midrule"]
+            out += [
+                f"\\begin{{tabular}}{{l{'c' * (len(cols) - 1)}}}",
+                "\\toprule",
+                " & ".join(latex_escape(c) for c in cols) + " \\\\",
+                "\\midrule",
+            ]
             out += [" & ".join(latex_escape(v) for v in row) + " \\\\" for row in self.display.iter_rows()]
             out += ["\\bottomrule", "\\end{tabular}"]
         if self.note:
@@ -86,10 +112,24 @@ class Table:
 
 # LaTeX special characters, and the non-ASCII symbols the tables use.
 _LATEX = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-    "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "–": "--", "±": r"\ensuremath{\pm}",
-    "×": r"\ensuremath{\times}", "Σ": r"\ensuremath{\Sigma}", "ρ": r"\ensuremath{\rho}",
-    "ε": r"\ensuremath{\varepsilon}", "λ": r"\ensuremath{\lambda}", "σ": r"\ensuremath{\sigma}",
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "–": "--",
+    "±": r"\ensuremath{\pm}",
+    "×": r"\ensuremath{\times}",
+    "Σ": r"\ensuremath{\Sigma}",
+    "ρ": r"\ensuremath{\rho}",
+    "ε": r"\ensuremath{\varepsilon}",
+    "λ": r"\ensuremath{\lambda}",
+    "σ": r"\ensuremath{\sigma}",
 }
 
 
@@ -171,14 +211,24 @@ def table1(
     cell = {(r["task"], r["method"]): r for r in stats.iter_rows(named=True)}
     display = {"Method": [method_label(m) for m in meths]}
     for t in tasks:
-        display[task_label(t)] = [fmt_pm(cell[(t, m)]["mean"], cell[(t, m)]["std"], scale) if (t, m) in cell
-                                  else MISSING for m in meths]
+        display[task_label(t)] = [
+            fmt_pm(cell[(t, m)]["mean"], cell[(t, m)]["std"], scale) if (t, m) in cell else MISSING for m in meths
+        ]
     data = pl.DataFrame(
-        [{"task": t, "method": m, "mean_pct": cell[(t, m)]["mean"] * scale if (t, m) in cell else None,
-          "std_pct": (cell[(t, m)]["std"] * scale if (t, m) in cell and cell[(t, m)]["std"] is not None else None),
-          "n_seeds": cell[(t, m)]["n"] if (t, m) in cell else 0} for t in tasks for m in meths],
-        schema={"task": pl.Utf8, "method": pl.Utf8, "mean_pct": pl.Float64, "std_pct": pl.Float64,
-                "n_seeds": pl.Int64},
+        [
+            {
+                "task": t,
+                "method": m,
+                "mean_pct": cell[(t, m)]["mean"] * scale if (t, m) in cell else None,
+                "std_pct": (
+                    cell[(t, m)]["std"] * scale if (t, m) in cell and cell[(t, m)]["std"] is not None else None
+                ),
+                "n_seeds": cell[(t, m)]["n"] if (t, m) in cell else 0,
+            }
+            for t in tasks
+            for m in meths
+        ],
+        schema={"task": pl.Utf8, "method": pl.Utf8, "mean_pct": pl.Float64, "std_pct": pl.Float64, "n_seeds": pl.Int64},
     )
     ns = [r["n"] for r in cell.values()]
     note = "" if ns else f"No finished trial has {metric}."
@@ -191,7 +241,9 @@ def table1_length(trials: pl.DataFrame, longer: bool = False) -> Table:
     """The length-generalization half of Table 1 (10% longer inputs; 20% with `longer`)."""
     metric, pct = ("test_longer_acc", 20) if longer else ("test_long_acc", 10)
     return table1(
-        trials, metric, name=f"table1_length{'_20' if longer else ''}",
+        trials,
+        metric,
+        name=f"table1_length{'_20' if longer else ''}",
         caption=f"Length generalization: test accuracy (%) on {pct}% longer inputs, mean ± sample std over seeds",
     )
 
@@ -240,22 +292,44 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
         a, d, f = acc.get(key, {}), dec.get(key, {}), fallback[key]
         loss_gap = d.get("loss_gap", f["loss_gap"])  # the trial's own loss gap if no decomposition
         eaf = d.get("eaf", f["eaf_value"])
-        rec = {"task": key[0], "method": key[1], "bits": key[2],
-               "test_acc_pct": a["mean"] * scale if a.get("mean") is not None else None,
-               "test_acc_std_pct": a["std"] * scale if a.get("std") is not None else None,
-               "loss_gap": loss_gap, "bound": d.get("bound"), "sum_rho": eaf, "sum_eps": d.get("sum_eps"),
-               "T_max": d.get("T_max"), "selected": key in winners}
+        rec = {
+            "task": key[0],
+            "method": key[1],
+            "bits": key[2],
+            "test_acc_pct": a["mean"] * scale if a.get("mean") is not None else None,
+            "test_acc_std_pct": a["std"] * scale if a.get("std") is not None else None,
+            "loss_gap": loss_gap,
+            "bound": d.get("bound"),
+            "sum_rho": eaf,
+            "sum_eps": d.get("sum_eps"),
+            "T_max": d.get("T_max"),
+            "selected": key in winners,
+        }
         data.append(rec)
-        disp.append([task_label(key[0]), method_label(key[1]), str(key[2]),
-                     fmt_pm(a.get("mean"), a.get("std"), scale), fmt_num(loss_gap), fmt_num(rec["bound"]),
-                     fmt_num(eaf), fmt_num(rec["sum_eps"]), fmt_num(rec["T_max"]), "*" if rec["selected"] else ""])
+        disp.append(
+            [
+                task_label(key[0]),
+                method_label(key[1]),
+                str(key[2]),
+                fmt_pm(a.get("mean"), a.get("std"), scale),
+                fmt_num(loss_gap),
+                fmt_num(rec["bound"]),
+                fmt_num(eaf),
+                fmt_num(rec["sum_eps"]),
+                fmt_num(rec["T_max"]),
+                "*" if rec["selected"] else "",
+            ]
+        )
     note = "" if dec else "No stability decomposition logged: bound, Σε and T_max are missing."
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
 
 def table4(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
     """Bound decomposition at T_max per (task, method) selected configuration."""
-    name, caption = "table4_decomposition", "Decomposition of eq. (4) at T_max per method (selected configuration, mean over seeds)"
+    name, caption = (
+        "table4_decomposition",
+        "Decomposition of eq. (4) at T_max per method (selected configuration, mean over seeds)",
+    )
     keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
     cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T_max"]
     selected = select_best(trials)
@@ -272,8 +346,15 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
         if vals["loss_gap"] is None:
             vals["loss_gap"] = r["loss_gap"]
         data.append({"task": r["task"], "model": model, "method": r["method"], **vals, "T_max": d.get("T_max")})
-        disp.append([task_label(r["task"]), model or MISSING, method_label(r["method"]),
-                     *(fmt_num(vals[k]) for k in keys), fmt_num(d.get("T_max"))])
+        disp.append(
+            [
+                task_label(r["task"]),
+                model or MISSING,
+                method_label(r["method"]),
+                *(fmt_num(vals[k]) for k in keys),
+                fmt_num(d.get("T_max")),
+            ]
+        )
     note = "" if dec else "No stability decomposition logged: only the trials' own loss gap is shown."
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
@@ -287,10 +368,13 @@ def table5(trials: pl.DataFrame) -> Table:
     selected = select_best(trials)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", ["Task", "Method"])
-    from analysis.load import FINAL_METRICS, EPOCH_METRICS, META_COLUMNS
+    from analysis.load import EPOCH_METRICS, FINAL_METRICS, META_COLUMNS
 
-    params = [c for c in trials.columns if c not in META_COLUMNS and c not in NOT_HPARAMS
-              and c not in FINAL_METRICS + EPOCH_METRICS]
+    params = [
+        c
+        for c in trials.columns
+        if c not in META_COLUMNS and c not in NOT_HPARAMS and c not in FINAL_METRICS + EPOCH_METRICS
+    ]
     varied = [c for c in params if c not in HPARAMS and trials[c].n_unique() > 1]
     hp = [c for c in HPARAMS if c in trials.columns and trials[c].drop_nulls().len() > 0] + sorted(varied)
     tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
@@ -306,8 +390,16 @@ def table5(trials: pl.DataFrame) -> Table:
             return "32 (full)" if v == 32 else f"{v}-bit"
         return fmt_num(v) if isinstance(v, float) else str(v)
 
-    disp = [[task_label(r["task"]), method_label(r["method"]), *(show(c, r[c]) for c in hp),
-             f"{r['score'] * scale:.1f}", r["trial_id"]] for r in rows]
+    disp = [
+        [
+            task_label(r["task"]),
+            method_label(r["method"]),
+            *(show(c, r[c]) for c in hp),
+            f"{r['score'] * scale:.1f}",
+            r["trial_id"],
+        ]
+        for r in rows
+    ]
     data = selected.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "val_acc"})
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)
 
@@ -315,7 +407,10 @@ def table5(trials: pl.DataFrame) -> Table:
 def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) -> Table:
     """EAF(SFT-CoT) / EAF(method) per task: how many times smaller the method's EAF is."""
     name = "eaf_reduction"
-    caption = f"EAF reduction factor relative to {method_label(REFERENCE_METHOD)} (EAF(SFT-CoT) / EAF(method), selected configurations, mean EAF over seeds)"
+    caption = (
+        f"EAF reduction factor relative to {method_label(REFERENCE_METHOD)} (EAF(SFT-CoT) / EAF(method), "
+        "selected configurations, mean EAF over seeds)"
+    )
     tasks = _ordered(trials["task"].to_list(), TASK_ORDER)
     meths = _ordered(list(methods) + trials["method"].to_list(), list(methods))
     if not tasks:
@@ -337,10 +432,23 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) 
         notes.append("No trial logged an EAF.")
     elif not any(m == REFERENCE_METHOD for _, m in eaf):
         notes.append(f"No {REFERENCE_METHOD} trial with an EAF: factors cannot be computed.")
-    schema = {"task": pl.Utf8, "method": pl.Utf8, "eaf": pl.Float64, "eaf_reference": pl.Float64, "reduction": pl.Float64}
+    schema = {
+        "task": pl.Utf8,
+        "method": pl.Utf8,
+        "eaf": pl.Float64,
+        "eaf_reference": pl.Float64,
+        "reduction": pl.Float64,
+    }
     return Table(name, caption, pl.DataFrame(display), pl.DataFrame(data, schema=schema), " ".join(notes))
 
 
 def all_tables(trials: pl.DataFrame, decomp: pl.DataFrame) -> list[Table]:
-    return [table1(trials), table1_length(trials), table1_length(trials, longer=True), table3(trials, decomp),
-            table4(trials, decomp), table5(trials), eaf_reduction(trials)]
+    return [
+        table1(trials),
+        table1_length(trials),
+        table1_length(trials, longer=True),
+        table3(trials, decomp),
+        table4(trials, decomp),
+        table5(trials),
+        eaf_reduction(trials),
+    ]

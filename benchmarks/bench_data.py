@@ -53,10 +53,18 @@ def bench_task(name: str, n_train: int, n_eval: int, repeats: int) -> dict:
             loads.append(time.perf_counter() - t0)
         assert len(data["train"]) == n_train
     gen_s = min(gen)
-    return {"task": name, "n_train": n_train, "n_eval": n_eval,
-            "generate_s": gen_s, "generate_s_per_2000": gen_s * 2000 / n_train,
-            "build_and_cache_s": build, "first_load_s": first, "load_s": min(loads),
-            "generate_ok": gen_s * 2000 / n_train <= GEN_TARGET_S, "load_ok": min(loads) <= LOAD_TARGET_S}
+    return {
+        "task": name,
+        "n_train": n_train,
+        "n_eval": n_eval,
+        "generate_s": gen_s,
+        "generate_s_per_2000": gen_s * 2000 / n_train,
+        "build_and_cache_s": build,
+        "first_load_s": first,
+        "load_s": min(loads),
+        "generate_ok": gen_s * 2000 / n_train <= GEN_TARGET_S,
+        "load_ok": min(loads) <= LOAD_TARGET_S,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +83,23 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_task(name, n_train, n_eval, repeats)
         rows.append(r)
         flag = "" if r["generate_ok"] and r["load_ok"] else "  <- over target"
-        print(f"{name:<15} {r['generate_s_per_2000']:>10.2f} {r['build_and_cache_s']:>13.2f} "
-              f"{r['first_load_s']:>12.3f} {r['load_s']:>7.3f}{flag}", flush=True)
+        print(
+            f"{name:<15} {r['generate_s_per_2000']:>10.2f} {r['build_and_cache_s']:>13.2f} "
+            f"{r['first_load_s']:>12.3f} {r['load_s']:>7.3f}{flag}",
+            flush=True,
+        )
     print(f"targets: generation <= {GEN_TARGET_S} s per 2,000 examples; cached load <= {LOAD_TARGET_S} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"smoke": args.smoke, "targets": {
-            "generate_s_per_2000": GEN_TARGET_S, "load_s": LOAD_TARGET_S}, "results": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "smoke": args.smoke,
+                    "targets": {"generate_s_per_2000": GEN_TARGET_S, "load_s": LOAD_TARGET_S},
+                    "results": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

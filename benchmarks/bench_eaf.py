@@ -36,8 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--loop-examples", type=int, default=4)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1: a busy machine time-slices it fairly; 2+ threads spin-wait)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: a busy machine time-slices it fairly; 2+ threads spin-wait)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     n, iters, n_loop = (2, 2, 1) if args.smoke else (args.n, args.iters, args.loop_examples)
@@ -48,7 +52,7 @@ def main(argv=None) -> int:
     assert len(exs) == n, f"only {len(exs)} examples with >= {T_STEPS - 1} steps"
     tok = build_tokenizer([e.question + e.answer for e in pool])
     enc = Encoder(tok)
-    encoded = [enc.encode(e.question, e.steps[:T_STEPS - 1], e.final) for e in exs]
+    encoded = [enc.encode(e.question, e.steps[: T_STEPS - 1], e.final) for e in exs]
     model = build_model(ModelSpec(preset="small"), tok, seed=0)
 
     tracker = EAFTracker()  # only stores the final vectors: the first call costs what a cold one does
@@ -67,17 +71,33 @@ def main(argv=None) -> int:
     ok = ~torch.isnan(loop.per_example)
     disagreement = float(((sub[ok] - loop.per_example[ok]).abs() / loop.per_example[ok]).max())
 
-    out = dict(examples=n, T=batched.T, threads=args.threads, iters=iters, eaf=batched.eaf, eaf_warm=warm.eaf,
-               batched_s=t_batched, warm_s=t_warm, loop_s_extrapolated=t_loop, loop_examples=n_loop,
-               speedup=t_loop / t_batched, warm_speedup=t_loop / t_warm, max_rel_disagreement=disagreement,
-               batched_cpu_s=c_batched, loop_cpu_s_extrapolated=c_loop, cpu_speedup=c_loop / c_batched,
-               load_avg_1min=os.getloadavg()[0])
+    out = dict(
+        examples=n,
+        T=batched.T,
+        threads=args.threads,
+        iters=iters,
+        eaf=batched.eaf,
+        eaf_warm=warm.eaf,
+        batched_s=t_batched,
+        warm_s=t_warm,
+        loop_s_extrapolated=t_loop,
+        loop_examples=n_loop,
+        speedup=t_loop / t_batched,
+        warm_speedup=t_loop / t_warm,
+        max_rel_disagreement=disagreement,
+        batched_cpu_s=c_batched,
+        loop_cpu_s_extrapolated=c_loop,
+        cpu_speedup=c_loop / c_batched,
+        load_avg_1min=os.getloadavg()[0],
+    )
     print(f"EAF on {n} examples, T = {batched.T}, {iters} power iterations, {args.threads} thread(s)")
     print(f"  batched:          {t_batched:8.1f} s   EAF {batched.eaf:.4g}")
     print(f"  batched, warm:    {t_warm:8.1f} s   EAF {warm.eaf:.4g} ({tracker.warm_iters} iterations)")
     print(f"  per-pair loop:    {t_loop:8.1f} s   (measured on {n_loop} examples, scaled)")
-    print(f"  speedup: {out['speedup']:.1f}x (target >= 5x); warm: {out['warm_speedup']:.1f}x; "
-          f"by CPU time {out['cpu_speedup']:.1f}x; load avg {out['load_avg_1min']:.1f}")
+    print(
+        f"  speedup: {out['speedup']:.1f}x (target >= 5x); warm: {out['warm_speedup']:.1f}x; "
+        f"by CPU time {out['cpu_speedup']:.1f}x; load avg {out['load_avg_1min']:.1f}"
+    )
     print(f"  max relative disagreement, per (example, pair): {disagreement:.2e} (target <= 1e-2)")
     if args.json:
         with open(args.json, "w") as f:

@@ -45,8 +45,14 @@ VARIANTS = {
     "nso m=1": ("nso", {"samples": 1}, 0),
     "nso m=2": ("nso", {"samples": 2}, 0),
 }
-TARGETS = {"alg1 lam=1 1-bit": "<= 1.3", "alg1 lam=1 2-bit": "<= 1.3", "alg1 lam=1 4-bit": "<= 1.3",
-           "coconut@stage3": "> 1", "nso m=1": "~ 2", "nso m=2": "~ 4"}
+TARGETS = {
+    "alg1 lam=1 1-bit": "<= 1.3",
+    "alg1 lam=1 2-bit": "<= 1.3",
+    "alg1 lam=1 4-bit": "<= 1.3",
+    "coconut@stage3": "> 1",
+    "nso m=1": "~ 2",
+    "nso m=2": "~ 4",
+}
 
 
 def build(label, tok, encoder, examples, preset):
@@ -93,15 +99,33 @@ def main(argv=None) -> int:
         for label, step in steps.items():
             times[label].append(step())
     base = statistics.median(times["sft_cot"])
-    rows = {label: {"median_ms": 1e3 * statistics.median(t), "ratio": statistics.median(t) / base,
-                    "tokens": tokens[label], "target": TARGETS.get(label, "")} for label, t in times.items()}
+    rows = {
+        label: {
+            "median_ms": 1e3 * statistics.median(t),
+            "ratio": statistics.median(t) / base,
+            "tokens": tokens[label],
+            "target": TARGETS.get(label, ""),
+        }
+        for label, t in times.items()
+    }
     print(f"dijkstra n_nodes={n_nodes}, preset={preset}, batch={bs}, rounds={rounds}, threads=2")
     print(f"{'variant':<22}{'tokens':>8}{'ms/step':>10}{'x sft':>8}  target")
     for label, r in rows.items():
         print(f"{label:<22}{r['tokens']:>8}{r['median_ms']:>10.1f}{r['ratio']:>8.2f}  {r['target']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"smoke": args.smoke, "n_nodes": n_nodes, "preset": preset,
-                                               "batch": bs, "rounds": rounds, "variants": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "smoke": args.smoke,
+                    "n_nodes": n_nodes,
+                    "preset": preset,
+                    "batch": bs,
+                    "rounds": rounds,
+                    "variants": rows,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_train's setup 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-
 from bench_train import CLIP, LR, WD, setup  # noqa: E402
+
 from stabray.data.encode import collate  # noqa: E402
 from stabray.methods import get_method  # noqa: E402
 
@@ -61,7 +61,8 @@ def time_steps(setup_, batch, n: int) -> tuple[float, float]:
 
 
 def profile(setup_, batch, bits: int, rows: int = 15) -> str:
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     for _ in range(3):
         step(*setup_, batch)
@@ -69,7 +70,8 @@ def profile(setup_, batch, bits: int, rows: int = 15) -> str:
         for _ in range(10):
             step(*setup_, batch)
     return f"torch.profiler, 10 steps at {bits} bits:\n" + prof.key_averages().table(
-        sort_by="self_cpu_time_total", row_limit=rows)
+        sort_by="self_cpu_time_total", row_limit=rows
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio_cpu = {b: statistics.median(rd[b][1] / rd[32][1] for rd in rounds) for b in BITS}
     load = os.getloadavg()[0]
     tokens = int(batch["attention_mask"].sum())
-    print(f"QAT step time: embedded {args.preset}, batch {args.batch_size} ({tokens} tokens), {steps} steps x "
-          f"{repeats} rounds, {args.threads} thread(s), load avg {load:.1f}")
+    print(
+        f"QAT step time: embedded {args.preset}, batch {args.batch_size} ({tokens} tokens), {steps} steps x "
+        f"{repeats} rounds, {args.threads} thread(s), load avg {load:.1f}"
+    )
     print(f"{'bits':>4} {'ms/step':>8} {'x fp32':>7} {'x fp32 (CPU time)':>18}")
     for b in BITS:
         print(f"{b:>4} {ms[b]:>8.2f} {ratio[b]:>7.3f} {ratio_cpu[b]:>18.3f}")
@@ -111,12 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     if prof:
         print(prof)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "smoke": args.smoke, "preset": args.preset, "batch_size": args.batch_size, "batch_tokens": tokens,
-            "steps": steps, "repeats": repeats, "threads": args.threads, "load_avg_1min": load,
-            "ms_per_step": {str(b): v for b, v in ms.items()}, "ratio_to_fp32": {str(b): v for b, v in ratio.items()},
-            "ratio_to_fp32_cpu_time": {str(b): v for b, v in ratio_cpu.items()},
-            "target": TARGET, "target_met": ok, "profile": prof}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "smoke": args.smoke,
+                    "preset": args.preset,
+                    "batch_size": args.batch_size,
+                    "batch_tokens": tokens,
+                    "steps": steps,
+                    "repeats": repeats,
+                    "threads": args.threads,
+                    "load_avg_1min": load,
+                    "ms_per_step": {str(b): v for b, v in ms.items()},
+                    "ratio_to_fp32": {str(b): v for b, v in ratio.items()},
+                    "ratio_to_fp32_cpu_time": {str(b): v for b, v in ratio_cpu.items()},
+                    "target": TARGET,
+                    "target_met": ok,
+                    "profile": prof,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

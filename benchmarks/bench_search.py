@@ -53,11 +53,24 @@ def run_arm(spec, path, tmp: Path, tag: str) -> dict:
         if df is None or not len(df):
             continue
         p = r.config["method"]["params"]
-        trials.append({"lam": p.get("lam"), "bits": p.get("bits"), "lr": r.config["train"]["lr"],
-                       "epochs": int(df["training_iteration"].max()), "best_val_acc": float(df["val_acc"].max())})
+        trials.append(
+            {
+                "lam": p.get("lam"),
+                "bits": p.get("bits"),
+                "lr": r.config["train"]["lr"],
+                "epochs": int(df["training_iteration"].max()),
+                "best_val_acc": float(df["val_acc"].max()),
+            }
+        )
     best = max(trials, key=lambda t: t["best_val_acc"]) if trials else {}
-    return {"wall_s": wall, "trials": len(trials), "trial_epochs": sum(t["epochs"] for t in trials),
-            "best_val_acc": best.get("best_val_acc", 0.0), "best": best, "per_trial": trials}
+    return {
+        "wall_s": wall,
+        "trials": len(trials),
+        "trial_epochs": sum(t["epochs"] for t in trials),
+        "best_val_acc": best.get("best_val_acc", 0.0),
+        "best": best,
+        "per_trial": trials,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,10 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     base = {"train.epochs": epochs, "device": "cpu", "search.max_concurrent": 2, "search.grace_period": grace}
     if args.smoke:
         base.update({k: v for k, v in SMOKE_OVERRIDES.items() if not k.startswith("search.")})
-    arms = {"asha+optuna": {**base, "search.scheduler": "asha", "search.searcher": "optuna",
-                            "search.num_samples": n_asha},
-            "random+fifo": {**base, "search.scheduler": "fifo", "search.searcher": "random",
-                            "search.num_samples": n_random}}
+    arms = {
+        "asha+optuna": {**base, "search.scheduler": "asha", "search.searcher": "optuna", "search.num_samples": n_asha},
+        "random+fifo": {
+            **base,
+            "search.scheduler": "fifo",
+            "search.searcher": "random",
+            "search.num_samples": n_random,
+        },
+    }
     out = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -88,17 +106,32 @@ def main(argv: list[str] | None = None) -> int:
             warm_cache(spec)
             out[name] = run_arm(spec, path, tmp, name.replace("+", "-"))
     load_avg = os.getloadavg()[0]
-    print(f"\nsearch at an equal budget of {budget} trial-epochs (E = {epochs}, ASHA grace {grace}, "
-          f"2 trials at a time), load avg {load_avg:.1f}")
+    print(
+        f"\nsearch at an equal budget of {budget} trial-epochs (E = {epochs}, ASHA grace {grace}, "
+        f"2 trials at a time), load avg {load_avg:.1f}"
+    )
     print(f"{'arm':<12} {'trials':>6} {'trial-epochs':>12} {'wall s':>8} {'best val_acc':>13}  best (lam, bits, lr)")
     for name, r in out.items():
         b = r["best"]
         cfg = f"({b.get('lam')}, {b.get('bits')}, {b.get('lr', 0):.2e})" if b else "-"
-        print(f"{name:<12} {r['trials']:>6} {r['trial_epochs']:>12} {r['wall_s']:>8.1f} {r['best_val_acc']:>13.3f}  {cfg}")
+        print(
+            f"{name:<12} {r['trials']:>6} {r['trial_epochs']:>12} {r['wall_s']:>8.1f} {r['best_val_acc']:>13.3f}  {cfg}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"smoke": args.smoke, "epochs": epochs, "grace": grace,
-                                               "budget_trial_epochs": budget, "asha_trials": n_asha,
-                                               "load_avg_1min": load_avg, "arms": out}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "smoke": args.smoke,
+                    "epochs": epochs,
+                    "grace": grace,
+                    "budget_trial_epochs": budget,
+                    "asha_trials": n_asha,
+                    "load_avg_1min": load_avg,
+                    "arms": out,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

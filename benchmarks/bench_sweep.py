@@ -42,13 +42,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 TARGET = 0.10  # sweep wall / pool wall - 1
-EPOCH_RESULT = {"train_loss": 1.234, "tokens": 61234.0, "tokens_per_s": 9876.5, "epoch_time_s": 7.1,
-                "val_acc": 0.61, "val_time_s": 1.9, "eaf": 3.21, "eaf_time_s": 0.4, "epoch": 1}
+EPOCH_RESULT = {
+    "train_loss": 1.234,
+    "tokens": 61234.0,
+    "tokens_per_s": 9876.5,
+    "epoch_time_s": 7.1,
+    "val_acc": 0.61,
+    "val_time_s": 1.9,
+    "eaf": 3.21,
+    "eaf_time_s": 0.4,
+    "epoch": 1,
+}
 
 SMOKE_OVERRIDES = {
-    "task.train_size": 64, "task.val_size": 16, "task.test_size": 16, "model.preset": "tiny",
-    "train.epochs": 2, "train.warmup_steps": 1, "eval.eaf_examples": 4, "eval.eaf_iters": 2,
-    "eval.decomposition_examples": 0, "eval.long_splits": ["test_long"], "search.num_samples": 4,
+    "task.train_size": 64,
+    "task.val_size": 16,
+    "task.test_size": 16,
+    "model.preset": "tiny",
+    "train.epochs": 2,
+    "train.warmup_steps": 1,
+    "eval.eaf_examples": 4,
+    "eval.eaf_iters": 2,
+    "eval.decomposition_examples": 0,
+    "eval.long_splits": ["test_long"],
+    "search.num_samples": 4,
 }
 
 
@@ -64,8 +81,12 @@ def warm_cache(spec) -> None:
     from stabray.tasks import get_task
 
     c = spec.task
-    load_splits(get_task(c.name, **c.params), {"train": c.train_size, "val": c.val_size, "test": c.test_size},
-                seed=c.data_seed, splits=("train", "val", "test", *spec.eval.long_splits))
+    load_splits(
+        get_task(c.name, **c.params),
+        {"train": c.train_size, "val": c.val_size, "test": c.test_size},
+        seed=c.data_seed,
+        splits=("train", "val", "test", *spec.eval.long_splits),
+    )
 
 
 # -- the plain process pool ----------------------------------------------------------------------
@@ -87,16 +108,24 @@ def pool_trial(config: dict) -> dict:
     m.update(run.final())
     m.update(run.best_epoch())
     m.update(final_stability(run))  # the trainable's end-of-trial work: eq. (4) table, weight noise
-    return {"val_acc": m["val_acc"], "best_val_acc": m["best_val_acc"], "wall_s": time.perf_counter() - t0,
-            "span": (start, time.time())}
+    return {
+        "val_acc": m["val_acc"],
+        "best_val_acc": m["best_val_acc"],
+        "wall_s": time.perf_counter() - t0,
+        "span": (start, time.time()),
+    }
 
 
 def run_pool(configs: list[dict], workers: int) -> dict:
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers, initializer=_pool_init) as pool:
         res = pool.map(pool_trial, configs, chunksize=1)
-    return {"wall_s": time.perf_counter() - t0, "trial_s": [r["wall_s"] for r in res],
-            "best_val_acc": max(r["best_val_acc"] for r in res), "mean_running": mean_running([r["span"] for r in res])}
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "trial_s": [r["wall_s"] for r in res],
+        "best_val_acc": max(r["best_val_acc"] for r in res),
+        "mean_running": mean_running([r["span"] for r in res]),
+    }
 
 
 def mean_running(spans: list[tuple[float, float]]) -> float:
@@ -123,10 +152,9 @@ def private_ray(cpus: int) -> None:
 def run_stabray(spec, path, tmp: Path, tag: str) -> dict:
     import ray
 
+    from stabray.tracking import Store
     from stabray.tune.sweep import run_sweep
     from stabray.tune.trainable import unwrap
-
-    from stabray.tracking import Store
 
     uri = f"sqlite:///{tmp}/mlflow-{tag}.db"
     t0 = time.perf_counter()
@@ -141,9 +169,17 @@ def run_stabray(spec, path, tmp: Path, tag: str) -> dict:
     configs = [unwrap(r.config) for r in grid]
     errors = [str(r.error) for r in grid if r.error]
     spans = [ray_span(r) for r in grid if r.metrics_dataframe is not None and len(r.metrics_dataframe)]
-    return {"wall_s": wall, "ray_init_s": t_init, "new_store_s": t_store, "trial_s": [(r.metrics or {}).get("time_total_s", 0.0) for r in grid],
-            "best_val_acc": max((r.metrics or {}).get("best_val_acc", 0.0) for r in grid), "errors": errors,
-            "mean_running": mean_running(spans) if spans else 0.0, "spans": spans, "configs": configs}
+    return {
+        "wall_s": wall,
+        "ray_init_s": t_init,
+        "new_store_s": t_store,
+        "trial_s": [(r.metrics or {}).get("time_total_s", 0.0) for r in grid],
+        "best_val_acc": max((r.metrics or {}).get("best_val_acc", 0.0) for r in grid),
+        "errors": errors,
+        "mean_running": mean_running(spans) if spans else 0.0,
+        "spans": spans,
+        "configs": configs,
+    }
 
 
 # -- MLflow logging cost ---------------------------------------------------------------------------
@@ -166,8 +202,13 @@ def bench_mlflow(tmp: Path, n: int) -> dict:
             c.log_metric(rid_key, k, float(v), timestamp=now, step=i)
         per_key.append(time.perf_counter() - t0)
     b, k = statistics.median(batch), statistics.median(per_key)
-    return {"keys_per_result": len(EPOCH_RESULT), "results": n, "log_batch_ms_per_result": 1e3 * b,
-            "per_key_ms_per_result": 1e3 * k, "per_key_over_batch": k / b}
+    return {
+        "keys_per_result": len(EPOCH_RESULT),
+        "results": n,
+        "log_batch_ms_per_result": 1e3 * b,
+        "per_key_ms_per_result": 1e3 * k,
+        "per_key_over_batch": k / b,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,8 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         ml = bench_mlflow(tmp, 4 if args.smoke else args.mlflow_results)
         rounds, configs = [], None
         if not args.skip_sweep:
-            over = {"search.scheduler": "fifo", "search.num_samples": args.trials,
-                    "search.max_concurrent": args.workers, "train.epochs": args.epochs, "device": "cpu"}
+            over = {
+                "search.scheduler": "fifo",
+                "search.num_samples": args.trials,
+                "search.max_concurrent": args.workers,
+                "train.epochs": args.epochs,
+                "device": "cpu",
+            }
             if args.smoke:
                 over.update(SMOKE_OVERRIDES)
             spec, path = load(args.spec, over)
@@ -214,24 +260,39 @@ def main(argv: list[str] | None = None) -> int:
         n = len(rounds[0]["pool"]["trial_s"])
         ov = statistics.median(rd["overhead"] for rd in rounds)
         s, pl_ = rounds[-1]["stabray"], rounds[-1]["pool"]
-        print(f"\nsweep overhead: {n} trials x {args.epochs if not args.smoke else 2} epochs, {args.workers} at a time, "
-              f"{len(rounds)} repeat(s), load avg {load_avg:.1f}")
+        print(
+            f"\nsweep overhead: {n} trials x {args.epochs if not args.smoke else 2} epochs, {args.workers} at a time, "
+            f"{len(rounds)} repeat(s), load avg {load_avg:.1f}"
+        )
         print(f"{'':<28} {'wall s':>8} {'sum trial s':>12} {'trials at once':>15} {'best val_acc':>13}")
         for name, x in (("stabray (Ray+Optuna+MLflow)", s), ("process pool", pl_)):
-            print(f"{name:<28} {x['wall_s']:>8.1f} {sum(x['trial_s']):>12.1f} {x['mean_running']:>15.2f} "
-                  f"{x['best_val_acc']:>13.3f}")
+            print(
+                f"{name:<28} {x['wall_s']:>8.1f} {sum(x['trial_s']):>12.1f} {x['mean_running']:>15.2f} "
+                f"{x['best_val_acc']:>13.3f}"
+            )
         print(f"(not counted: creating the MLflow store, once per store, {s['new_store_s']:.1f} s)")
-        print(f"overhead: {100 * ov:+.1f}% (Ray start {s['ray_init_s']:.1f} s; per-trial time "
-              f"{100 * (sum(s['trial_s']) / sum(pl_['trial_s']) - 1):+.1f}%)  target <= {100 * TARGET:.0f}%: "
-              f"{'met' if ov <= TARGET else 'MISSED'}")
+        print(
+            f"overhead: {100 * ov:+.1f}% (Ray start {s['ray_init_s']:.1f} s; per-trial time "
+            f"{100 * (sum(s['trial_s']) / sum(pl_['trial_s']) - 1):+.1f}%)  target <= {100 * TARGET:.0f}%: "
+            f"{'met' if ov <= TARGET else 'MISSED'}"
+        )
         if s["errors"]:
             print(f"trial errors: {s['errors']}")
-        out.update(overhead=ov, target_met=ov <= TARGET, epochs=args.epochs, trials=n, workers=args.workers,
-                   rounds=rounds, configs=configs)
+        out.update(
+            overhead=ov,
+            target_met=ov <= TARGET,
+            epochs=args.epochs,
+            trials=n,
+            workers=args.workers,
+            rounds=rounds,
+            configs=configs,
+        )
     print(f"\nMLflow logging, {ml['keys_per_result']} keys per result, {ml['results']} results each (sqlite):")
     print(f"  Store.log_metrics (log_batch): {ml['log_batch_ms_per_result']:7.1f} ms per result")
-    print(f"  one log_metric per key:        {ml['per_key_ms_per_result']:7.1f} ms per result "
-          f"({ml['per_key_over_batch']:.1f}x)")
+    print(
+        f"  one log_metric per key:        {ml['per_key_ms_per_result']:7.1f} ms per result "
+        f"({ml['per_key_over_batch']:.1f}x)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return 0

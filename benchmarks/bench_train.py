@@ -61,11 +61,13 @@ def setup(n_examples: int, preset: str = "mini", seed: int = 0):
 
 def lr_lambda(total: int):
     """The same schedule as stabray's Trainer: linear warm-up, then cosine to 10%."""
+
     def f(step: int) -> float:
         if step < WARMUP:
             return (step + 1) / WARMUP
         frac = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
     return f
 
 
@@ -82,8 +84,9 @@ class Clock:
 def run_stabray(exs, enc, new_model, bs: int, steps: int) -> tuple[float, float, int]:
     model = new_model()
     method = get_method("sft_cot")
-    cfg = TrainConfig(epochs=1, batch_size=bs, lr=LR, weight_decay=WD, warmup_steps=WARMUP, grad_clip=CLIP,
-                      max_steps_per_epoch=steps)
+    cfg = TrainConfig(
+        epochs=1, batch_size=bs, lr=LR, weight_decay=WD, warmup_steps=WARMUP, grad_clip=CLIP, max_steps_per_epoch=steps
+    )
     tr = Trainer(model, method, enc, exs, cfg, seed=0)
     clock = Clock()
     clock.start()
@@ -102,7 +105,7 @@ def run_minimal(exs, enc, new_model, bs: int, steps: int) -> tuple[float, float,
     clock = Clock()
     clock.start()
     for b in range(steps):
-        batch = collate([data[i] for i in order[b * bs:(b + 1) * bs]], enc.pad)
+        batch = collate([data[i] for i in order[b * bs : (b + 1) * bs]], enc.pad)
         tokens += int(batch["attention_mask"].sum())
         opt.zero_grad(set_to_none=True)
         loss = model(**batch).loss
@@ -137,10 +140,24 @@ def run_hf(exs, enc, new_model, bs: int, steps: int, tmp: str) -> tuple[float, f
             self.dt = self.clock.stop()
 
     clock = Timed()
-    args = TrainingArguments(output_dir=tmp, per_device_train_batch_size=bs, max_steps=steps, learning_rate=LR,
-                             weight_decay=WD, warmup_steps=WARMUP, lr_scheduler_type="cosine", max_grad_norm=CLIP,
-                             logging_strategy="no", save_strategy="no", report_to=[], use_cpu=True,
-                             dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True, seed=0)
+    args = TrainingArguments(
+        output_dir=tmp,
+        per_device_train_batch_size=bs,
+        max_steps=steps,
+        learning_rate=LR,
+        weight_decay=WD,
+        warmup_steps=WARMUP,
+        lr_scheduler_type="cosine",
+        max_grad_norm=CLIP,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = HFTrainer(model=model, args=args, train_dataset=data, data_collator=collator, callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # its end-of-training dict would interrupt the table
     trainer.train()
@@ -164,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     bs = args.batch_size
     exs, enc, new_model = setup(steps * bs, args.preset)
     with tempfile.TemporaryDirectory() as tmp:
-        loops = {"minimal": lambda: run_minimal(exs, enc, new_model, bs, steps),
-                 "stabray": lambda: run_stabray(exs, enc, new_model, bs, steps),
-                 "hf_trainer": lambda: run_hf(exs, enc, new_model, bs, steps, tmp)}
+        loops = {
+            "minimal": lambda: run_minimal(exs, enc, new_model, bs, steps),
+            "stabray": lambda: run_stabray(exs, enc, new_model, bs, steps),
+            "hf_trainer": lambda: run_hf(exs, enc, new_model, bs, steps, tmp),
+        }
         for f in loops.values():  # warm-up: imports, allocator, encoder caches
             f()
         rounds = []  # per round {loop: (tokens per wall s, tokens per CPU s)}
@@ -181,19 +200,36 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {n: statistics.median(rd[n][0] / rd["minimal"][0] for rd in rounds) for n in loops}
     ratio_cpu = {n: statistics.median(rd[n][1] / rd["minimal"][1] for rd in rounds) for n in loops}
     load = os.getloadavg()[0]
-    print(f"training throughput: embedded {args.preset}, batch {bs}, {steps} steps x {repeats} rounds, "
-          f"{args.threads} thread(s), load avg {load:.1f}")
+    print(
+        f"training throughput: embedded {args.preset}, batch {bs}, {steps} steps x {repeats} rounds, "
+        f"{args.threads} thread(s), load avg {load:.1f}"
+    )
     print(f"{'loop':<12} {'tokens/s':>10} {'x minimal':>10} {'x minimal (CPU time)':>21}")
     for n in loops:
         print(f"{n:<12} {tps[n]:>10.0f} {ratio[n]:>10.3f} {ratio_cpu[n]:>21.3f}")
     ok = ratio["stabray"] >= TARGET
     print(f"target: stabray >= {TARGET}x the minimal loop: {'met' if ok else 'MISSED'}")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "smoke": args.smoke, "preset": args.preset, "batch_size": bs, "steps": steps, "repeats": repeats,
-            "threads": args.threads, "load_avg_1min": load, "tokens_per_s": tps, "ratio_to_minimal": ratio,
-            "ratio_to_minimal_cpu_time": ratio_cpu,
-            "rounds_tokens_per_s": rounds, "target": TARGET, "target_met": ok}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "smoke": args.smoke,
+                    "preset": args.preset,
+                    "batch_size": bs,
+                    "steps": steps,
+                    "repeats": repeats,
+                    "threads": args.threads,
+                    "load_avg_1min": load,
+                    "tokens_per_s": tps,
+                    "ratio_to_minimal": ratio,
+                    "ratio_to_minimal_cpu_time": ratio_cpu,
+                    "rounds_tokens_per_s": rounds,
+                    "target": TARGET,
+                    "target_met": ok,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

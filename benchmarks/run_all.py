@@ -24,7 +24,7 @@ ORDER = ["data", "eaf", "train", "qat", "methods", "sweep", "search"]  # cheap f
 
 
 def available() -> list[str]:
-    names = [p.stem[len("bench_"):] for p in HERE.glob("bench_*.py")]
+    names = [p.stem[len("bench_") :] for p in HERE.glob("bench_*.py")]
     return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
 
 
@@ -39,12 +39,16 @@ def headline(name: str, r: dict) -> str:
             return f"worst {worst[0]:.3f}x fp32 at {worst[1]} bits (target <= 1.3)"
         if name == "sweep":
             ml = r["mlflow"]
-            s = f"MLflow log_batch {ml['log_batch_ms_per_result']:.1f} ms/result ({ml['per_key_over_batch']:.1f}x " \
+            s = (
+                f"MLflow log_batch {ml['log_batch_ms_per_result']:.1f} ms/result ({ml['per_key_over_batch']:.1f}x "
                 f"faster than per key)"
+            )
             return (f"overhead {100 * r['overhead']:+.1f}% (target <= 10%); " if "overhead" in r else "") + s
         if name == "search":
-            return "; ".join(f"{a}: best val_acc {x['best_val_acc']:.3f} in {x['trial_epochs']} trial-epochs"
-                             for a, x in r["arms"].items())
+            return "; ".join(
+                f"{a}: best val_acc {x['best_val_acc']:.3f} in {x['trial_epochs']} trial-epochs"
+                for a, x in r["arms"].items()
+            )
         if name == "eaf":
             return f"batched {r['speedup']:.1f}x the per-pair loop, disagreement {r['max_rel_disagreement']:.1e}"
         if name == "data":
@@ -84,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode and args.quiet:
             print((proc.stdout or "")[-3000:] + (proc.stderr or "")[-3000:])
         rows.append((name, proc.returncode, dt, headline(name, res)))
-    print(f"\n{'benchmark':<10} {'rc':>3} {'s':>7}  headline" + ("  (smoke: sizes too small to mean anything)"
-                                                              if args.smoke else ""))
+    print(
+        f"\n{'benchmark':<10} {'rc':>3} {'s':>7}  headline"
+        + ("  (smoke: sizes too small to mean anything)" if args.smoke else "")
+    )
     for name, rc, dt, h in rows:
         print(f"{name:<10} {rc:>3} {dt:>7.1f}  {h}")
     if tmp:

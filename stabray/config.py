@@ -225,7 +225,7 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     includes = [includes] if isinstance(includes, str) else includes
     merged: dict = {}
     for inc in includes:
-        inc_path = (path.parent / inc)
+        inc_path = path.parent / inc
         if not inc_path.exists():
             raise SpecError(str(path), "include", f"file not found: {inc}")
         merged = deep_merge(merged, read_yaml(inc_path, (*seen, path)))

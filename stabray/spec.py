@@ -9,8 +9,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stabray.config import (SHORT_NAMES, Dist, MethodCfg, MethodEntry, SweepSpec, TrialConfig,
-                            format_validation_error, read_yaml, set_path)
+from stabray.config import (
+    SHORT_NAMES,
+    Dist,
+    MethodCfg,
+    MethodEntry,
+    SweepSpec,
+    TrialConfig,
+    format_validation_error,
+    read_yaml,
+    set_path,
+)
 from stabray.errors import SpecError, UserError
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
@@ -28,13 +37,16 @@ def find_spec(name_or_path: str) -> Path:
         cand = d / f"{name_or_path}.yaml"  # "paper/dijkstra" finds sweeps/paper/dijkstra.yaml
         if cand.exists():
             return cand
-    shipped = sorted(str(q.relative_to(SWEEPS_DIR).with_suffix("")) for q in SWEEPS_DIR.rglob("*.yaml")
-                     if not q.stem.startswith("_"))
+    shipped = sorted(
+        str(q.relative_to(SWEEPS_DIR).with_suffix("")) for q in SWEEPS_DIR.rglob("*.yaml") if not q.stem.startswith("_")
+    )
     import difflib
+
     close = difflib.get_close_matches(name_or_path, shipped, n=3)
     hint = f" did you mean {' or '.join(close)}?" if close else ""
-    raise UserError(f"no sweep spec {name_or_path!r} (looked for sweeps/{name_or_path}.yaml);{hint} "
-                    f"shipped: {', '.join(shipped)}")
+    raise UserError(
+        f"no sweep spec {name_or_path!r} (looked for sweeps/{name_or_path}.yaml);{hint} shipped: {', '.join(shipped)}"
+    )
 
 
 def load_spec(name_or_path: str, overrides: dict[str, Any] | None = None) -> tuple[SweepSpec, Path]:
@@ -91,8 +103,13 @@ def method_specs(spec: SweepSpec, path: Path | str = "spec") -> list[tuple[str |
         except UserError as err:
             raise SpecError(str(path), "methods", str(err)) from None
         space = {**common, **method_space(name, e.space)}
-        sub = spec.model_copy(update={"method": MethodCfg(name=name, params=e.params), "methods": None,
-                                      "search": spec.search.model_copy(update={"space": space})})
+        sub = spec.model_copy(
+            update={
+                "method": MethodCfg(name=name, params=e.params),
+                "methods": None,
+                "search": spec.search.model_copy(update={"space": space}),
+            }
+        )
         out.append((name, sub))
     return out
 
@@ -140,8 +157,11 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
         p = space_path(key)
         head = p.split(".")[0]
         if head not in ("task", "model", "method", "train", "eval", "seed"):
-            raise SpecError(where, f"search.space.{key}",
-                            f"not a trial field; use one of {', '.join(SHORT_NAMES)} or a path like train.lr")
+            raise SpecError(
+                where,
+                f"search.space.{key}",
+                f"not a trial field; use one of {', '.join(SHORT_NAMES)} or a path like train.lr",
+            )
         if p.startswith("model.lora.") and spec.model.lora is None:
             raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")
     for key, values in sample_points(spec).items():
@@ -158,7 +178,9 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
                 get_method(cfg.method.name, **cfg.method.params)
                 get_task(cfg.task.name, **cfg.task.params)
             except ValidationError as e:
-                raise SpecError(where, f"search.space.{key}", f"value {v!r}: " + format_validation_error(e, "trial")) from None
+                raise SpecError(
+                    where, f"search.space.{key}", f"value {v!r}: " + format_validation_error(e, "trial")
+                ) from None
             except UserError as e:
                 raise SpecError(where, f"search.space.{key}", f"value {v!r}: {e}") from None
     if not spec.search.space:
@@ -172,5 +194,6 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             raise SpecError(where, f"search.space.{ranged[0]}", "a grid search takes only `choice` distributions")
     per_epoch = ("val_acc", "eaf", "train_loss", "val_loss", "val_infer_loss")  # the last two: ICL tasks
     if spec.search.metric not in per_epoch:
-        raise SpecError(where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), "
-                        f"got {spec.search.metric!r}")
+        raise SpecError(
+            where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {spec.search.metric!r}"
+        )

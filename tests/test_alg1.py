@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import nn
 
+from stabray.data.splits import draw
 from stabray.errors import UserError
 from stabray.methods import get_method
 from stabray.methods.alg1 import compress_indices, keep_count
 from stabray.methods.qat import apply_qat, quantizable_linears, quantize
 from stabray.tasks import get_task
-from stabray.data.splits import draw
 
 
 def ref_quantize(w: np.ndarray, bits: int) -> np.ndarray:
@@ -35,7 +35,7 @@ def test_quantizer_matches_formula(bits):
     q = quantize(w, bits)
     np.testing.assert_allclose(q.numpy(), ref_quantize(w.numpy(), bits), rtol=0, atol=1e-12)
     # at most 2^bits distinct values per row
-    assert all(len(torch.unique(row)) <= 2 ** bits for row in q)
+    assert all(len(torch.unique(row)) <= 2**bits for row in q)
     if bits == 1:
         assert q[0, 0] > 0
 
@@ -64,8 +64,10 @@ def test_qat_targets_skip_output_head(tiny_model):
     assert len(names) == sum(isinstance(m, nn.Linear) for m in tiny_model.modules()) - 1
 
 
-@pytest.mark.parametrize("T,lam,k", [(10, 0.1, 1), (10, 0.2, 2), (10, 0.5, 5), (10, 1.0, 10), (7, 0.2, 1),
-                                     (3, 0.1, 1), (0, 0.5, 0), (28, 0.2, 5)])
+@pytest.mark.parametrize(
+    "T,lam,k",
+    [(10, 0.1, 1), (10, 0.2, 2), (10, 0.5, 5), (10, 1.0, 10), (7, 0.2, 1), (3, 0.1, 1), (0, 0.5, 0), (28, 0.2, 5)],
+)
 def test_keep_count_formula(T, lam, k):
     assert keep_count(T, lam) == k == (0 if T == 0 else max(1, int(np.floor(lam * T))))
 
@@ -92,8 +94,7 @@ def test_random_compression_resampled_each_epoch_and_seeded():
         assert all(s in it for s in v) and len(v) == keep_count(len(ex.steps), 0.5)
 
 
-@pytest.mark.parametrize("params", [{"lam": 0.0}, {"lam": 1.5}, {"bits": 5}, {"strategy": "middle"},
-                                    {"lamda": 0.2}])
+@pytest.mark.parametrize("params", [{"lam": 0.0}, {"lam": 1.5}, {"bits": 5}, {"strategy": "middle"}, {"lamda": 0.2}])
 def test_bad_alg1_params(params):
     with pytest.raises(UserError) as e:
         get_method("alg1", **params)

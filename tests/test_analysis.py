@@ -19,22 +19,57 @@ from analysis.select import mean_std, select_best
 from analysis.tables import MISSING, Table, eaf_reduction, latex_escape, table1, table1_length, table3, table4, table5
 
 
-def rec(tid, task="dijkstra", method="sft_cot", seed=0, lr=1e-3, bits=32, lam=1.0, val=(0.5, 0.6),
-        eaf=None, test=None, long=None, status="FINISHED", decomp=None, **extra):
-    params = {"task": task, "method": method, "seed": str(seed), "lr": str(lr), "bits": str(bits), "lam": str(lam),
-              "model": "tiny", **{k: str(v) for k, v in extra.items()}}
+def rec(
+    tid,
+    task="dijkstra",
+    method="sft_cot",
+    seed=0,
+    lr=1e-3,
+    bits=32,
+    lam=1.0,
+    val=(0.5, 0.6),
+    eaf=None,
+    test=None,
+    long=None,
+    status="FINISHED",
+    decomp=None,
+    **extra,
+):
+    params = {
+        "task": task,
+        "method": method,
+        "seed": str(seed),
+        "lr": str(lr),
+        "bits": str(bits),
+        "lam": str(lam),
+        "model": "tiny",
+        **{k: str(v) for k, v in extra.items()},
+    }
     metrics = {"val_acc": val[-1]} if val else {}
     for k, v in (("final_eaf", eaf), ("test_acc", test), ("test_long_acc", long)):
         if v is not None:
             metrics[k] = v
-    return TrialRecord(tid, params, metrics, [(i + 1, v) for i, v in enumerate(val)], status,
-                       run_id=f"run-{tid}", decomposition=decomp)
+    return TrialRecord(
+        tid, params, metrics, [(i + 1, v) for i, v in enumerate(val)], status, run_id=f"run-{tid}", decomposition=decomp
+    )
 
 
 def decomp_rows(tmax=3, gap=0.5, bound=2.0, eaf=4.0):
-    return [{"T": t, "loss_gap": gap * (t - 1), "bound": bound * (t - 1), "ratio": None if t == 1 else bound / gap,
-             "first_order": 1.0 * (t - 1), "second_order": 0.5 * (t - 1), "C1": 0.02, "C2": 5.0,
-             "eaf": eaf * t, "sum_eps": 0.1 * t} for t in range(1, tmax + 1)]
+    return [
+        {
+            "T": t,
+            "loss_gap": gap * (t - 1),
+            "bound": bound * (t - 1),
+            "ratio": None if t == 1 else bound / gap,
+            "first_order": 1.0 * (t - 1),
+            "second_order": 0.5 * (t - 1),
+            "C1": 0.02,
+            "C2": 5.0,
+            "eaf": eaf * t,
+            "sum_eps": 0.1 * t,
+        }
+        for t in range(1, tmax + 1)
+    ]
 
 
 def test_frame_types_and_best_epoch():
@@ -48,14 +83,16 @@ def test_frame_types_and_best_epoch():
 
 
 def test_selection_ties_go_to_lower_eaf():
-    trials = trials_frame([
-        rec("t1", lr=1e-3, val=(0.8,), eaf=9.0),
-        rec("t2", lr=2e-3, val=(0.8,), eaf=3.0),  # same val, lower EAF: wins
-        rec("t3", lr=3e-3, val=(0.7,), eaf=1.0),
-        rec("t4", lr=4e-3, val=(0.9,), eaf=1.0, status="FAILED"),  # failed trials never win
-        rec("u1", method="alg1", lr=1e-3, val=(0.6,)),  # no final_eaf: last eaf is used ...
-        rec("u2", method="alg1", lr=2e-3, val=(0.6,), eaf=2.0),
-    ])
+    trials = trials_frame(
+        [
+            rec("t1", lr=1e-3, val=(0.8,), eaf=9.0),
+            rec("t2", lr=2e-3, val=(0.8,), eaf=3.0),  # same val, lower EAF: wins
+            rec("t3", lr=3e-3, val=(0.7,), eaf=1.0),
+            rec("t4", lr=4e-3, val=(0.9,), eaf=1.0, status="FAILED"),  # failed trials never win
+            rec("u1", method="alg1", lr=1e-3, val=(0.6,)),  # no final_eaf: last eaf is used ...
+            rec("u2", method="alg1", lr=2e-3, val=(0.6,), eaf=2.0),
+        ]
+    )
     trials = trials.with_columns(eaf=pl.when(pl.col("trial_id") == "u1").then(1.0).otherwise(pl.col("eaf")))
     trials = trials.with_columns(eaf_value=pl.coalesce("final_eaf", "eaf"))
     sel = {r["method"]: r["trial_id"] for r in select_best(trials).iter_rows(named=True)}
@@ -101,7 +138,8 @@ def test_missing_cells_are_marked():
 
 def test_latex_escaping():
     assert latex_escape("a_b & 50% #1 $x {y} ~^\\") == (
-        r"a\_b \& 50\% \#1 \$x \{y\} \textasciitilde{}\textasciicircum{}\textbackslash{}")
+        r"a\_b \& 50\% \#1 \$x \{y\} \textasciitilde{}\textasciicircum{}\textbackslash{}"
+    )
     assert latex_escape("73.1 ± 1.4") == r"73.1 \ensuremath{\pm} 1.4"
     tex = table5(trials_frame([rec("a", task="my_task", method="my_method", val=(0.5,))])).to_latex()
     assert r"my\_task" in tex and r"my\_method" in tex and "my_task" not in tex
@@ -109,8 +147,14 @@ def test_latex_escaping():
 
 def test_empty_frame_tables_are_written(tmp_path):
     empty = trials_frame([])
-    tables = [table1(empty), table1_length(empty), table3(empty, decomposition_frame([])),
-              table4(empty, decomposition_frame([])), table5(empty), eaf_reduction(empty)]
+    tables = [
+        table1(empty),
+        table1_length(empty),
+        table3(empty, decomposition_frame([])),
+        table4(empty, decomposition_frame([])),
+        table5(empty),
+        eaf_reduction(empty),
+    ]
     for t in tables:
         assert isinstance(t, Table) and t.note
         for p in t.write(tmp_path):
@@ -119,19 +163,23 @@ def test_empty_frame_tables_are_written(tmp_path):
 
 
 def test_decomposition_tables():
-    trials = trials_frame([
-        rec("q1", method="alg1", bits=1, val=(0.7,), test=0.70, eaf=10.0, decomp=decomp_rows(4, eaf=1.0)),
-        rec("q1b", method="alg1", bits=1, seed=1, val=(0.6,), test=0.72, eaf=12.0, decomp=decomp_rows(4, eaf=2.0)),
-        rec("q4", method="alg1", bits=4, val=(0.8,), test=0.80, eaf=20.0, decomp=decomp_rows(4, eaf=3.0)),
-        rec("s", method="sft_cot", bits=32, val=(0.6,), test=0.6, eaf=40.0),
-    ])
+    trials = trials_frame(
+        [
+            rec("q1", method="alg1", bits=1, val=(0.7,), test=0.70, eaf=10.0, decomp=decomp_rows(4, eaf=1.0)),
+            rec("q1b", method="alg1", bits=1, seed=1, val=(0.6,), test=0.72, eaf=12.0, decomp=decomp_rows(4, eaf=2.0)),
+            rec("q4", method="alg1", bits=4, val=(0.8,), test=0.80, eaf=20.0, decomp=decomp_rows(4, eaf=3.0)),
+            rec("s", method="sft_cot", bits=32, val=(0.6,), test=0.6, eaf=40.0),
+        ]
+    )
     decomp = decomposition_frame([r for r in [rec("q1", method="alg1", bits=1, decomp=decomp_rows(4, eaf=1.0))]])
     assert decomp.height == 4 and decomp.schema["T"] == pl.Int64
-    full = decomposition_frame([
-        rec("q1", method="alg1", bits=1, val=(0.7,), decomp=decomp_rows(4, eaf=1.0)),
-        rec("q1b", method="alg1", bits=1, seed=1, val=(0.6,), decomp=decomp_rows(4, eaf=2.0)),
-        rec("q4", method="alg1", bits=4, val=(0.8,), decomp=decomp_rows(4, eaf=3.0)),
-    ])
+    full = decomposition_frame(
+        [
+            rec("q1", method="alg1", bits=1, val=(0.7,), decomp=decomp_rows(4, eaf=1.0)),
+            rec("q1b", method="alg1", bits=1, seed=1, val=(0.6,), decomp=decomp_rows(4, eaf=2.0)),
+            rec("q4", method="alg1", bits=4, val=(0.8,), decomp=decomp_rows(4, eaf=3.0)),
+        ]
+    )
     t3 = table3(trials, full)
     one_bit = t3.data.filter((pl.col("method") == "alg1") & (pl.col("bits") == 1)).row(0, named=True)
     assert one_bit["sum_rho"] == pytest.approx(6.0)  # mean of eaf*T at T=4 over the two seeds: (4 + 8) / 2
@@ -158,10 +206,23 @@ def test_ray_dir(tmp_path):
     for i, (val, test) in enumerate([((0.3, 0.6), 0.55), ((0.5, 0.4), 0.45)]):
         d = tmp_path / "dijkstra" / f"trainable_{i:05d}"
         d.mkdir(parents=True)
-        (d / "params.json").write_text(json.dumps({"task": "dijkstra", "method": "sft_cot", "seed": i, "lr": 1e-3,
-                                                   "bits": 32, "lam": 1.0, "model": {"hidden": 64}}))
-        lines = [{"epoch": e + 1, "val_acc": v, "eaf": 2.0, "training_iteration": e + 1, "trial_id": f"t{i}"}
-                 for e, v in enumerate(val)]
+        (d / "params.json").write_text(
+            json.dumps(
+                {
+                    "task": "dijkstra",
+                    "method": "sft_cot",
+                    "seed": i,
+                    "lr": 1e-3,
+                    "bits": 32,
+                    "lam": 1.0,
+                    "model": {"hidden": 64},
+                }
+            )
+        )
+        lines = [
+            {"epoch": e + 1, "val_acc": v, "eaf": 2.0, "training_iteration": e + 1, "trial_id": f"t{i}"}
+            for e, v in enumerate(val)
+        ]
         lines[-1].update(test_acc=test, final_eaf=3.0, done=True)
         (d / "result.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     loaded = load_ray(tmp_path, "dijkstra")
@@ -175,6 +236,7 @@ def test_ray_dir(tmp_path):
 
 def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     import mlflow  # a hard dependency: never skipped
+
     from analysis.load import load_mlflow
     from analysis.report import build_report
 
@@ -186,18 +248,36 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     pid = parent.info.run_id
     cfgs = [("sft_cot", 0, (0.4, 0.6), 0.55), ("sft_cot", 1, (0.5, 0.5), 0.50), ("alg1", 0, (0.7, 0.65), 0.71)]
     for i, (method, seed, vals, test) in enumerate(cfgs):
-        tags = {"mlflow.parentRunId": pid, "stabray.role": "trial", "stabray.trial_id": f"trial_{i}",
-                "stabray.task": "dijkstra", "stabray.method": method}
+        tags = {
+            "mlflow.parentRunId": pid,
+            "stabray.role": "trial",
+            "stabray.trial_id": f"trial_{i}",
+            "stabray.task": "dijkstra",
+            "stabray.method": method,
+        }
         run = client.create_run(exp_id, tags=tags, run_name=f"trial_{i}")
         rid = run.info.run_id
-        params = {"task": "dijkstra", "task_version": "1", "method": method, "model": "tiny", "lr": "0.001",
-                  "seed": str(seed), "lam": "0.2" if method == "alg1" else "1.0",
-                  "bits": "1" if method == "alg1" else "32", "n_nodes": "5"}
-        metrics = [mlflow.entities.Metric(k, v, 0, e + 1) for e, v in enumerate(vals)
-                   for k, v in (("val_acc", v), ("eaf", 5.0 - e), ("train_loss", 1.0 / (e + 1)), ("epoch_time_s", 1.0))]
+        params = {
+            "task": "dijkstra",
+            "task_version": "1",
+            "method": method,
+            "model": "tiny",
+            "lr": "0.001",
+            "seed": str(seed),
+            "lam": "0.2" if method == "alg1" else "1.0",
+            "bits": "1" if method == "alg1" else "32",
+            "n_nodes": "5",
+        }
+        metrics = [
+            mlflow.entities.Metric(k, v, 0, e + 1)
+            for e, v in enumerate(vals)
+            for k, v in (("val_acc", v), ("eaf", 5.0 - e), ("train_loss", 1.0 / (e + 1)), ("epoch_time_s", 1.0))
+        ]
         last = len(vals)
-        metrics += [mlflow.entities.Metric(k, v, 0, last) for k, v in
-                    (("test_acc", test), ("test_long_acc", test / 2), ("loss_gap", 0.3), ("final_eaf", 4.0 - i))]
+        metrics += [
+            mlflow.entities.Metric(k, v, 0, last)
+            for k, v in (("test_acc", test), ("test_long_acc", test / 2), ("loss_gap", 0.3), ("final_eaf", 4.0 - i))
+        ]
         client.log_batch(rid, metrics=metrics, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
         client.log_dict(rid, {**params, "seed": seed, "lr": 1e-3}, "trial_config.json")
         if method == "alg1":
@@ -215,11 +295,22 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
 
     out = build_report("dijkstra", uri, out=tmp_path / "report")
     names = {p.name for p in out.iterdir()}
-    for stem in ("table1_accuracy", "table1_length", "table3_bits", "table4_decomposition", "table5_hparams",
-                 "eaf_reduction"):
+    for stem in (
+        "table1_accuracy",
+        "table1_length",
+        "table3_bits",
+        "table4_decomposition",
+        "table5_hparams",
+        "eaf_reduction",
+    ):
         assert {f"{stem}.md", f"{stem}.tex", f"{stem}.csv"} <= names
-    assert {"fig2_gap_bound_vs_T.png", "fig4_eaf_vs_lambda.png", "fig4_eaf_vs_bits.png", "acc_vs_eaf.png",
-            "README.md"} <= names
+    assert {
+        "fig2_gap_bound_vs_T.png",
+        "fig4_eaf_vs_lambda.png",
+        "fig4_eaf_vs_bits.png",
+        "acc_vs_eaf.png",
+        "README.md",
+    } <= names
     # the two sft_cot trials differ only in the seed: one configuration, two seeds
     t1 = pl.read_csv(out / "table1_accuracy.csv").filter(pl.col("method") == "sft_cot").row(0, named=True)
     assert t1["mean_pct"] == pytest.approx(52.5) and t1["n_seeds"] == 2
@@ -240,8 +331,9 @@ def test_report_from_ray_dir_through_cli_register(tmp_path):
     (d / "result.json").write_text(json.dumps({"val_acc": 0.5, "eaf": 2.0, "test_acc": 0.4, "trial_id": "x"}) + "\n")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))  # how `python -m stabray report` mounts it
-    args = parser.parse_args(["report", "--experiment", "dijkstra", "--ray-dir", str(tmp_path / "ray"),
-                              "--out", str(tmp_path / "out")])
+    args = parser.parse_args(
+        ["report", "--experiment", "dijkstra", "--ray-dir", str(tmp_path / "ray"), "--out", str(tmp_path / "out")]
+    )
     assert args.func(args) == 0
     assert "| Algorithm 1 | 40.0 |" in (tmp_path / "out" / "table1_accuracy.md").read_text()
     assert (tmp_path / "out" / "fig2_gap_bound_vs_T.png").stat().st_size > 0  # a "no data" figure
@@ -251,14 +343,23 @@ def test_ray_dir_of_a_real_sweep_names_task_and_method(tmp_path):
     """A stabray sweep's params.json is the nested trainable config (or a grid's {"trial_config": ...}):
     load_ray gives it the same flat params as MLflow (task, method, lam, bits, lr, seed), so selection
     by (task, method) sees it."""
-    cfgs = [{"task": {"name": "icl_quadratic", "params": {"init_gain": g}}, "method": {"name": "sft_cot", "params": {}},
-             "train": {"lr": 1.0, "epochs": 8}, "seed": s} for g, s in ((0.5, 0), (0.75, 1))]
+    cfgs = [
+        {
+            "task": {"name": "icl_quadratic", "params": {"init_gain": g}},
+            "method": {"name": "sft_cot", "params": {}},
+            "train": {"lr": 1.0, "epochs": 8},
+            "seed": s,
+        }
+        for g, s in ((0.5, 0), (0.75, 1))
+    ]
     for i, (cfg, val) in enumerate(zip(cfgs, (0.5, 0.9))):
         d = tmp_path / f"trial_{i}"
         d.mkdir()
         (d / "params.json").write_text(json.dumps(cfg if i == 0 else {"trial_config": cfg}))
-        (d / "result.json").write_text(json.dumps({"val_acc": val, "test_acc": val, "training_iteration": 1,
-                                                   "trial_id": f"t{i}", "done": True}) + "\n")
+        (d / "result.json").write_text(
+            json.dumps({"val_acc": val, "test_acc": val, "training_iteration": 1, "trial_id": f"t{i}", "done": True})
+            + "\n"
+        )
     df = load_ray(tmp_path).trials
     assert df["task"].to_list() == ["icl_quadratic"] * 2 and df["method"].to_list() == ["sft_cot"] * 2
     assert df["seed"].to_list() == [0, 1] and df["lam"].to_list() == [1.0, 1.0] and df["lr"].to_list() == [1.0, 1.0]

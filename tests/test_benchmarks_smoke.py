@@ -53,8 +53,12 @@ def test_run_all_lists_every_benchmark():
 @pytest.mark.slow
 def test_run_all_smoke(tmp_path):
     """Every benchmark's --smoke in its own process (Ray sweeps included: minutes on 2 cores)."""
-    proc = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--smoke", "--quiet", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--smoke", "--quiet", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in ("data", "eaf", "train", "qat", "sweep", "search"):
         assert (tmp_path / f"{name}.json").exists(), name

@@ -31,12 +31,14 @@ def test_cluster_config_validates(path):
 def test_schema_catches_misspelled_key():
     cfg = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     cfg["max_worker"] = cfg.pop("max_workers")
-    with pytest.raises(Exception):
+    from jsonschema import ValidationError
+
+    with pytest.raises(ValidationError, match="max_worker"):
         validate(cfg)
 
 
 def test_schema_catches_bad_head_type():
     cfg = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     cfg["head_node_type"] = "no_such_node"
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="head_node_type"):
         validate(cfg)

@@ -22,15 +22,32 @@ ROOT = SWEEPS.parent
 
 def spec_file(tmp_path, name="ft", **over):
     spec = {
-        "include": str(SWEEPS / "_base.yaml"), "name": name,
-        "task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 48, "val_size": 8,
-                 "test_size": 8, "resample_train": False},
+        "include": str(SWEEPS / "_base.yaml"),
+        "name": name,
+        "task": {
+            "name": "dijkstra",
+            "params": {"n_nodes": 4, "decimals": 1},
+            "train_size": 48,
+            "val_size": 8,
+            "test_size": 8,
+            "resample_train": False,
+        },
         "model": {"preset": "tiny"},
         "train": {"epochs": 3, "batch_size": 16, "warmup_steps": 1},
-        "eval": {"eaf_examples": 2, "eaf_iters": 1, "decomposition_examples": 0, "long_splits": ["test_long"],
-                 "loss_gap": False},
-        "search": {"num_samples": 3, "max_concurrent": 1, "scheduler": "fifo", "searcher": "random",
-                   "space": {"lr": {"loguniform": [1.0e-3, 3.0e-3]}}},
+        "eval": {
+            "eaf_examples": 2,
+            "eaf_iters": 1,
+            "decomposition_examples": 0,
+            "long_splits": ["test_long"],
+            "loss_gap": False,
+        },
+        "search": {
+            "num_samples": 3,
+            "max_concurrent": 1,
+            "scheduler": "fifo",
+            "searcher": "random",
+            "space": {"lr": {"loguniform": [1.0e-3, 3.0e-3]}},
+        },
         "device": "cpu",
     }
     for k, v in over.items():
@@ -46,8 +63,10 @@ def children(uri, experiment):
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], max_results=1000)
-    return ([r for r in runs if r.data.tags.get("stabray.role") == "sweep"],
-            [r for r in runs if r.data.tags.get("stabray.role") == "trial"])
+    return (
+        [r for r in runs if r.data.tags.get("stabray.role") == "sweep"],
+        [r for r in runs if r.data.tags.get("stabray.role") == "trial"],
+    )
 
 
 def env(tmp_path):
@@ -60,10 +79,21 @@ def env(tmp_path):
 def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
     spec = spec_file(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "stabray", "sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stabray",
+        "sweep",
+        str(spec),
+        "--tracking-uri",
+        uri,
+        "--storage",
+        str(tmp_path / "runs"),
+    ]
     log = open(tmp_path / "sweep.log", "w")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.time() + 240
     while time.time() < deadline:  # wait until a trial has checkpointed at least once
         if list((tmp_path / "runs").glob("ft-*/trial_*/checkpoint_*")):
@@ -78,14 +108,16 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
         subprocess.run(["pkill", "-9", "-f", f"{tmp_path}"], check=False)
     _, before = children(uri, "ft")
     assert 1 <= len(before) < 3 or any(r.info.status != "FINISHED" for r in before)
-    res = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run(
+        [*cmd, "--resume"], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     parents, after = children(uri, "ft")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(after) == 3, [r.data.tags.get("stabray.trial_id") for r in after]  # no duplicate runs
     assert all(r.info.status == "FINISHED" for r in after)
     from mlflow import MlflowClient
+
     for r in after:  # each epoch logged exactly once, none missing
         steps = [m.step for m in MlflowClient(uri).get_metric_history(r.info.run_id, "train_loss")]
         assert sorted(steps) == [1, 2, 3]
@@ -95,9 +127,16 @@ def test_nan_trial_fails_while_others_complete(tmp_path, monkeypatch, capsys):
     from stabray.cli import main
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
-    spec = spec_file(tmp_path, name="nan", search={"num_samples": 1, "max_concurrent": 2, "searcher": "grid",
-                                                   "space": {"lr": {"choice": [2.0e-3, 1.0e8]},
-                                                             "lam": {"choice": [1.0]}, "bits": {"choice": [32]}}})
+    spec = spec_file(
+        tmp_path,
+        name="nan",
+        search={
+            "num_samples": 1,
+            "max_concurrent": 2,
+            "searcher": "grid",
+            "space": {"lr": {"choice": [2.0e-3, 1.0e8]}, "lam": {"choice": [1.0]}, "bits": {"choice": [32]}},
+        },
+    )
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     rc = main(["sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")])
     assert rc == 0
@@ -115,8 +154,9 @@ def test_gpu_request_larger_than_cluster_fails_fast(tmp_path, monkeypatch, capsy
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
     spec = spec_file(tmp_path, name="gpu", resources={"cpu": 1, "gpu": 4})
-    rc = main(["sweep", str(spec), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
-               "--storage", str(tmp_path / "runs")])
+    rc = main(
+        ["sweep", str(spec), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--storage", str(tmp_path / "runs")]
+    )
     assert rc == 2
     assert "resources.gpu" in capsys.readouterr().err
 
@@ -129,24 +169,47 @@ def free_port():
 
 def test_runs_found_through_mlflow_server_rest_api(tmp_path):
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "stabray", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/srv.db",
-                               "--port", str(port)], cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "stabray", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/srv.db", "--port", str(port)],
+        cwd=tmp_path,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         from mlflow import MlflowClient
+
         # the store must exist for `ui`; it creates it on first use through the server
         line = server.stdout.readline()
         assert f"http://127.0.0.1:{port}" in line
         uri = f"http://127.0.0.1:{port}"
         spec = spec_file(tmp_path, name="rest", search={"num_samples": 2, "max_concurrent": 2})
-        res = subprocess.run([sys.executable, "-m", "stabray", "sweep", str(spec), "--tracking-uri", uri,
-                              "--storage", str(tmp_path / "runs")], cwd=tmp_path, env=env(tmp_path),
-                             capture_output=True, text=True, timeout=600)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stabray",
+                "sweep",
+                str(spec),
+                "--tracking-uri",
+                uri,
+                "--storage",
+                str(tmp_path / "runs"),
+            ],
+            cwd=tmp_path,
+            env=env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         exp = MlflowClient(uri).get_experiment_by_name("rest")
         body = json.dumps({"experiment_ids": [exp.experiment_id], "max_results": 100}).encode()
-        req = urllib.request.Request(f"{uri}/api/2.0/mlflow/runs/search", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{uri}/api/2.0/mlflow/runs/search", data=body, headers={"Content-Type": "application/json"}
+        )
         runs = json.loads(urllib.request.urlopen(req, timeout=30).read())["runs"]
         tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
         assert sorted(t.get("stabray.role") for t in tags) == ["sweep", "trial", "trial"]
@@ -174,8 +237,17 @@ def test_multinode_fake_gpus_spread_and_survive_lost_node(tmp_path, monkeypatch)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
     try:
-        spec, path = load_spec(str(spec_file(tmp_path, name="mn", resources={"cpu": 1, "gpu": 1}, search={
-            "num_samples": 4, "max_concurrent": 4, "max_failures": 3}, train={"epochs": 4})))
+        spec, path = load_spec(
+            str(
+                spec_file(
+                    tmp_path,
+                    name="mn",
+                    resources={"cpu": 1, "gpu": 1},
+                    search={"num_samples": 4, "max_concurrent": 4, "max_failures": 3},
+                    train={"epochs": 4},
+                )
+            )
+        )
         removed, seen = [], set()
 
         def node_ids():
@@ -199,8 +271,9 @@ def test_multinode_fake_gpus_spread_and_survive_lost_node(tmp_path, monkeypatch)
 
         t = threading.Thread(target=kill_a_node, daemon=True)
         t.start()
-        grid, info = run_sweep(spec, path, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
-                               storage=str(tmp_path / "runs"))
+        grid, info = run_sweep(
+            spec, path, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", storage=str(tmp_path / "runs")
+        )
         t.join(timeout=5)
         assert removed
         assert grid.num_errors == 0 and grid.num_terminated == 4  # lost node's trials retried elsewhere

@@ -44,11 +44,12 @@ def test_gd_chain_uses_the_paper_defaults_and_converges():
         assert err[-1] < err[1]  # the ground-truth chain approaches theta*
     ex = lin.sample(np.random.RandomState(0), 3)
     assert len(ex.steps) == 2 and ex.final.startswith("[")
-    assert getattr(TASKS.get("icl_quadratic"), "runner") == "stabray.train.icl:ICLRun"
+    assert TASKS.get("icl_quadratic").runner == "stabray.train.icl:ICLRun"
 
 
 def test_bad_params_are_errors():
     from stabray.errors import UserError
+
     with pytest.raises(UserError):
         get_task("icl_linear", heads="relu")
     with pytest.raises(UserError):
@@ -56,13 +57,20 @@ def test_bad_params_are_errors():
 
 
 def _cfg(tmp_path, name="icl_linear", epochs=5, train_size=1000, **params):
-    return {"task": {"name": name, "params": {"T_max": 5, **params}, "train_size": train_size, "val_size": 64,
-                     "test_size": 64, "resample_train": True},
-            "method": {"name": "sft_cot"},
-            "train": {"epochs": epochs, "batch_size": 64, "lr": 0.03, "weight_decay": 0.0, "warmup_steps": 5},
-            "eval": {"eaf_examples": 8, "long_splits": ["test_long"], "decomposition_examples": 8,
-                     "weight_noise_seeds": 2},
-            "cache_dir": str(tmp_path)}
+    return {
+        "task": {
+            "name": name,
+            "params": {"T_max": 5, **params},
+            "train_size": train_size,
+            "val_size": 64,
+            "test_size": 64,
+            "resample_train": True,
+        },
+        "method": {"name": "sft_cot"},
+        "train": {"epochs": epochs, "batch_size": 64, "lr": 0.03, "weight_decay": 0.0, "warmup_steps": 5},
+        "eval": {"eaf_examples": 8, "long_splits": ["test_long"], "decomposition_examples": 8, "weight_noise_seeds": 2},
+        "cache_dir": str(tmp_path),
+    }
 
 
 def test_trained_linear_jacobian_matches_theory(tmp_path):
@@ -84,23 +92,38 @@ def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     run = make_run(_cfg(tmp_path, epochs=1))
     m = run.epoch()
     assert {"train_loss", "val_acc", "eaf"} <= m.keys()
-    m.update(run.final()); m.update(run.best_epoch()); m.update(final_stability(run))
+    m.update(run.final())
+    m.update(run.best_epoch())
+    m.update(final_stability(run))
     T = run.T
     for k in ("infer_loss", "tf_loss", "infer_star", "step_noise", "weight_noise", "jac_norm", "theory_norm", "eaf"):
         assert f"{k}_T{T}" in m and np.isfinite(m[f"{k}_T{T}"])
     rows = m["stability_table"]
     assert [r["T"] for r in rows] == list(range(1, T + 1))
-    assert set(rows[0]) == {"T", "loss_gap", "bound", "ratio", "first_order", "second_order", "C1", "C2", "eaf", "sum_eps"}
+    assert set(rows[0]) == {
+        "T",
+        "loss_gap",
+        "bound",
+        "ratio",
+        "first_order",
+        "second_order",
+        "C1",
+        "C2",
+        "eaf",
+        "sum_eps",
+    }
     assert np.isfinite(m["weight_noise_loss_increase"]) and "test_long_acc" in m
     run.save(tmp_path / "ck")
     assert json.loads((tmp_path / "ck" / "icl_curves.json").read_text())["T"] == list(range(1, T + 1))
     from stabray.train.run import load_run
+
     again = load_run(tmp_path / "ck")
     assert again.trainer.epoch == 1 and again.curves
     for a, b in zip(again.model.parameters(), run.model.parameters()):
         assert torch.equal(a, b)
     # the stability command on an ICL checkpoint prints the runner's own (exact-Jacobian) table
     from stabray.cli import main
+
     assert main(["stability", str(tmp_path / "ck"), "--n", "8", "--out", str(tmp_path / "st")]) == 0
     got = json.loads((tmp_path / "st" / "stability.json").read_text())["rows"]
     want = again.decomposition(8)
@@ -117,9 +140,22 @@ def test_quadratic_runner_one_epoch(tmp_path):
 def test_icl_figures_from_metrics(tmp_path):
     from analysis.icl_figures import curves_from_metrics, write_figures
 
-    metrics = {f"{k}_T{t}": 0.9 ** t for t in range(1, 6)
-               for k in ("infer_star", "tf_star", "infer_loss", "tf_loss", "jac_norm", "theory_norm",
-                         "jac_prod", "theory_prod", "eaf", "jac_err")}
+    metrics = {
+        f"{k}_T{t}": 0.9**t
+        for t in range(1, 6)
+        for k in (
+            "infer_star",
+            "tf_star",
+            "infer_loss",
+            "tf_loss",
+            "jac_norm",
+            "theory_norm",
+            "jac_prod",
+            "theory_prod",
+            "eaf",
+            "jac_err",
+        )
+    }
     metrics["test_acc"] = 1.0
     curves = curves_from_metrics(metrics, "icl_linear")
     assert curves["T"] == [1, 2, 3, 4, 5] and len(curves["eaf"]) == 5 and "test_acc" not in curves
@@ -155,9 +191,24 @@ def test_icl_figures_subcommand_plots_the_checkpoint_curves(tmp_path):
     curves = json.loads(f.read_text())
     T = run.T
     assert curves["T"] == list(range(1, T + 1))
-    sentinel = {k: [round((i + 1) * 10.0 ** -j, 12) for i in range(T)]
-                for j, k in enumerate(("infer_star", "tf_star", "infer_loss", "tf_loss", "jac_norm", "theory_norm",
-                                       "jac_prod", "theory_prod", "eaf", "jac_err"), 1)}
+    sentinel = {
+        k: [round((i + 1) * 10.0**-j, 12) for i in range(T)]
+        for j, k in enumerate(
+            (
+                "infer_star",
+                "tf_star",
+                "infer_loss",
+                "tf_loss",
+                "jac_norm",
+                "theory_norm",
+                "jac_prod",
+                "theory_prod",
+                "eaf",
+                "jac_err",
+            ),
+            1,
+        )
+    }
     curves.update(sentinel)
     f.write_text(json.dumps(curves))
 
@@ -192,11 +243,16 @@ def test_icl_figures_subcommand_plots_the_checkpoint_curves(tmp_path):
     (other / "checkpoint_000001").mkdir(parents=True)  # empty: choosing this trial would fail
     for d, tid, val in ((trial, "a", 0.9), (other, "b", 0.4)):
         (d / "params.json").write_text(json.dumps(run.cfg.model_dump()))
-        (d / "result.json").write_text(json.dumps({"trial_id": tid, "val_acc": val, "training_iteration": 1,
-                                                   "test_acc": val, "done": True}) + "\n")
+        (d / "result.json").write_text(
+            json.dumps({"trial_id": tid, "val_acc": val, "training_iteration": 1, "test_acc": val, "done": True}) + "\n"
+        )
     out3 = tmp_path / "figs3"
-    assert analysis_main(["icl-figures", "--experiment", "icl_linear", "--ray-dir", str(tmp_path / "ray"),
-                          "--out", str(out3)]) == 0
+    assert (
+        analysis_main(
+            ["icl-figures", "--experiment", "icl_linear", "--ray-dir", str(tmp_path / "ray"), "--out", str(out3)]
+        )
+        == 0
+    )
     data3 = _plotted(out3)
     assert "best trial a " in data3[0]["source"] and data3[1] == left
 
@@ -216,8 +272,14 @@ def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
     runs = {}
     for i, val in enumerate((0.25, 0.75, 0.5)):  # trial_1 is the best
         run, m, ck = _trained_checkpoint(tmp_path, f"ck{i}", seed=i)
-        rid = store.start_child(parent, f"trial_{i}", f"trial_{i}", trial_params(run.cfg.model_dump()),
-                                {"stabray.task": "icl_linear", "stabray.method": "sft_cot"}, run.cfg.model_dump())
+        rid = store.start_child(
+            parent,
+            f"trial_{i}",
+            f"trial_{i}",
+            trial_params(run.cfg.model_dump()),
+            {"stabray.task": "icl_linear", "stabray.method": "sft_cot"},
+            run.cfg.model_dump(),
+        )
         store.log_metrics(rid, {"train_loss": 1.0, "val_acc": val}, step=1)
         store.log_metrics(rid, {**m, "val_acc": val}, step=1)
         store.set_tag(rid, CHECKPOINT, str(ck))
@@ -248,7 +310,9 @@ def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
     from analysis.report import build_report
 
     rep = build_report("icl_linear", uri, out=tmp_path / "report", log_to_mlflow=False)
-    assert _plotted(rep / "icl_linear")[1]["inference (self-generated steps)"] == left["inference (self-generated steps)"]
+    assert (
+        _plotted(rep / "icl_linear")[1]["inference (self-generated steps)"] == left["inference (self-generated steps)"]
+    )
     assert "`icl_linear/figure6_icl_jacobians.png`" in (rep / "README.md").read_text()
 
 
@@ -260,10 +324,27 @@ def test_sweep_summary_speaks_of_icl_metrics(capsys):
     from stabray.tune.summary import print_summary
 
     spec, _ = load_spec("icl_quadratic")
-    grid = [SimpleNamespace(config={**spec.trial_base(), "seed": 7 + i}, error=None, metrics={
-        "trial_id": f"t{i}", "training_iteration": 8, "val_acc": acc, "best_val_acc": acc, "test_acc": acc,
-        "test_long_acc": acc, "val_loss": 1e-6 * (i + 1), "test_infer_loss": 3e-4, "eaf": 18.4, "final_eaf": 18.7,
-        "jac_err_max": 0.011, "loss_gap": 2e-4}) for i, acc in enumerate((0.5, 1.0))]
+    grid = [
+        SimpleNamespace(
+            config={**spec.trial_base(), "seed": 7 + i},
+            error=None,
+            metrics={
+                "trial_id": f"t{i}",
+                "training_iteration": 8,
+                "val_acc": acc,
+                "best_val_acc": acc,
+                "test_acc": acc,
+                "test_long_acc": acc,
+                "val_loss": 1e-6 * (i + 1),
+                "test_infer_loss": 3e-4,
+                "eaf": 18.4,
+                "final_eaf": 18.7,
+                "jac_err_max": 0.011,
+                "loss_gap": 2e-4,
+            },
+        )
+        for i, acc in enumerate((0.5, 1.0))
+    ]
     df = print_summary(spec, grid, {"tracking_uri": "sqlite:////x.db", "experiment": "icl_quadratic"}, 60.0)
     out = capsys.readouterr().out
     assert df["trial_id"].to_list() == ["t1", "t0"] and df["val_loss"].to_list() == [2e-6, 1e-6]
@@ -287,11 +368,13 @@ def test_block_weights_hold_the_construction_and_train_only_its_blocks():
     assert (p.weights, p.optimizer) == ("blocks", "lbfgs")  # the quadratic defaults
     a = task.sample_arrays(np.random.default_rng(0), 8)
     X, y, th = (torch.as_tensor(v) for v in (a.X, a.y, a.thetas))
-    exact = build_icl_model(p.d, p.n, "quadratic", p.eta, task.head_acts, init="aligned", init_scale=0.0,
-                            init_gain=1.0, weights="blocks").double()
+    exact = build_icl_model(
+        p.d, p.n, "quadratic", p.eta, task.head_acts, init="aligned", init_scale=0.0, init_gain=1.0, weights="blocks"
+    ).double()
     assert torch.allclose(exact(X, y, th[:, :-1]), th[:, 1:], rtol=1e-10, atol=1e-12)
-    m = build_icl_model(p.d, p.n, "quadratic", p.eta, task.head_acts, init="aligned", init_scale=0.01,
-                        weights="blocks", seed=3).double()
+    m = build_icl_model(
+        p.d, p.n, "quadratic", p.eta, task.head_acts, init="aligned", init_scale=0.01, weights="blocks", seed=3
+    ).double()
     mk, mv = block_masks(p.d, 3)
     assert int(mk.sum()) == 3 * (p.d * p.d + 1) and int(mv.sum()) == 3 * p.d * p.d
     assert not m.W_kq[mk == 0].any() and not m.V[mv == 0].any() and m.W_kq[mk == 1].std() > 0
@@ -308,11 +391,22 @@ def test_trained_quadratic_jacobian_matches_theory(tmp_path):
     fresh prompts) learns the GD step: teacher-forced error far below copying theta_{t-1}, every
     self-generated theta_T within 5% of the GD iterate, and J_{t-1}^(t) close to
     I - (2 eta/n) X D(theta_{t-1}) X^T (about 60 s on one core)."""
-    run = make_run({"task": {"name": "icl_quadratic", "params": {"T_max": 20}, "train_size": 256, "val_size": 64,
-                             "test_size": 64, "resample_train": True},
-                    "method": {"name": "sft_cot"}, "train": {"epochs": 8, "lr": 1.0, "weight_decay": 0.0},
-                    "eval": {"eaf_examples": 0, "long_splits": [], "decomposition_examples": 0,
-                             "weight_noise_seeds": 0}, "cache_dir": str(tmp_path)})
+    run = make_run(
+        {
+            "task": {
+                "name": "icl_quadratic",
+                "params": {"T_max": 20},
+                "train_size": 256,
+                "val_size": 64,
+                "test_size": 64,
+                "resample_train": True,
+            },
+            "method": {"name": "sft_cot"},
+            "train": {"epochs": 8, "lr": 1.0, "weight_decay": 0.0},
+            "eval": {"eaf_examples": 0, "long_splits": [], "decomposition_examples": 0, "weight_noise_seeds": 0},
+            "cache_dir": str(tmp_path),
+        }
+    )
     for _ in range(run.train_cfg.epochs):
         m = run.epoch()
     X, y, _, th = run.data["val"]

@@ -25,17 +25,32 @@ from stabray.tasks.base import _TOKEN, Example
 from stabray.train.run import TrialRun
 
 # Method settings that exercise each method's mechanics within 3 epochs (unknown methods: defaults).
-PARAMS = {"alg1": {"lam": 0.5, "bits": 2}, "coconut": {"max_stage": 1},
-          "implicit_cot": {"remove_per_epoch": 2.0}, "nso": {"sigma": 0.01}}
+PARAMS = {
+    "alg1": {"lam": 0.5, "bits": 2},
+    "coconut": {"max_stage": 1},
+    "implicit_cot": {"remove_per_epoch": 2.0},
+    "nso": {"sigma": 0.01},
+}
 EPOCHS = 3
 
 
 def config(cache_dir, name, **over):
-    cfg = {"task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 48,
-                    "val_size": 8, "test_size": 8},
-           "model": {"preset": "tiny"}, "method": {"name": name, "params": PARAMS.get(name, {})},
-           "train": {"epochs": EPOCHS, "batch_size": 16, "lr": 1e-2, "warmup_steps": 1},
-           "eval": {"eaf_examples": 0, "long_splits": []}, "seed": 0, "device": "cpu", "cache_dir": cache_dir}
+    cfg = {
+        "task": {
+            "name": "dijkstra",
+            "params": {"n_nodes": 4, "decimals": 1},
+            "train_size": 48,
+            "val_size": 8,
+            "test_size": 8,
+        },
+        "model": {"preset": "tiny"},
+        "method": {"name": name, "params": PARAMS.get(name, {})},
+        "train": {"epochs": EPOCHS, "batch_size": 16, "lr": 1e-2, "warmup_steps": 1},
+        "eval": {"eaf_examples": 0, "long_splits": []},
+        "seed": 0,
+        "device": "cpu",
+        "cache_dir": cache_dir,
+    }
     cfg.update(over)
     return cfg
 
@@ -91,12 +106,23 @@ def local_pretrained(tmp_path_factory):
 
     task = get_task("dijkstra", n_nodes=4, decimals=1)
     splits = make_splits(task, {"train": 48, "val": 8, "test": 8}, splits=("train", "val", "test"))
-    tok = build_tokenizer([t for exs in splits.values() for e in exs for t in (e.question, e.question_nohint, e.answer)])
+    tok = build_tokenizer(
+        [t for exs in splits.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
+    )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.pad_token_id))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
     path = tmp_path_factory.mktemp("pretrained") / "tiny-llama"
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -136,8 +162,9 @@ def test_spaces_yaml_covers_every_method():
 
 
 # -- implicit CoT ----------------------------------------------------------------------------------
-EX = Example(question="q:\ntrace | pi:\n", steps=("[0 0 1]", "[0 0 0]", "[1 0 0]"), final="[1 1 0]",
-             question_nohint="q:\npi:\n")
+EX = Example(
+    question="q:\ntrace | pi:\n", steps=("[0 0 1]", "[0 0 0]", "[1 0 0]"), final="[1 1 0]", question_nohint="q:\npi:\n"
+)
 
 
 @pytest.mark.parametrize("per_epoch", [0.5, 1.0, 2.0])
@@ -200,7 +227,7 @@ def test_coconut_latents_are_hidden_states_and_carry_gradient(coconut_run):
         for p in (p0, p1):  # each latent = last hidden state at the position before it
             h = model(inputs_embeds=x[:, :p], output_hidden_states=True).hidden_states[-1][:, p - 1]
             h = h.detach() if detach else h
-            x = torch.cat([x[:, :p], h[:, None], x[:, p + 1:]], 1)
+            x = torch.cat([x[:, :p], h[:, None], x[:, p + 1 :]], 1)
         loss = model(inputs_embeds=x, attention_mask=mask, labels=labels).loss
         return loss, torch.autograd.grad(loss, probe)[0]
 
@@ -260,14 +287,14 @@ def test_coconut_eaf_steps_are_latents_against_dense_jacobian(coconut_run):
         E = model.get_input_embeddings().weight.detach()
 
         def out(z, i, t):
-            xi = torch.cat([x[:, :slots[i - 1]], z[None, None], x[:, slots[i - 1] + 1:]], 1)
+            xi = torch.cat([x[:, : slots[i - 1]], z[None, None], x[:, slots[i - 1] + 1 :]], 1)
             r = model(inputs_embeds=xi, output_hidden_states=True)
             if t <= len(slots):
                 return r.hidden_states[-1][0, slots[t - 1] - 1]
-            return (torch.softmax(r.logits[0, a - 1:b - 1], -1) @ E).flatten()
+            return (torch.softmax(r.logits[0, a - 1 : b - 1], -1) @ E).flatten()
 
         for i, t in [(1, 2), (1, 3), (2, 3)]:
-            J = torch.autograd.functional.jacobian(lambda z: out(z, i, t), x[0, slots[i - 1]].clone())
+            J = torch.autograd.functional.jacobian(lambda z, i=i, t=t: out(z, i, t), x[0, slots[i - 1]].clone())
             ref = float(torch.linalg.matrix_norm(J.reshape(-1, J.shape[-1]), ord=2))
             assert ref > 1e-6
             assert float(res.norms[i, t]) == pytest.approx(ref, rel=0.01), (i, t)
@@ -292,8 +319,8 @@ def test_coconut_loss_gap_and_inference_loss_fill_latents(coconut_run):
     with torch.no_grad():
         x, pos = m.fill_latents(run.model.eval(), ids, torch.ones_like(ids))
         logits = run.model(inputs_embeds=x, position_ids=pos).logits[0]
-    tgt = ids[0, e.final_span[0]:]
-    want = float(torch.nn.functional.cross_entropy(logits[e.final_span[0] - 1:-1], tgt))
+    tgt = ids[0, e.final_span[0] :]
+    want = float(torch.nn.functional.cross_entropy(logits[e.final_span[0] - 1 : -1], tgt))
     assert got == pytest.approx(want, rel=1e-5) and abs(got - plain) > 1e-4
     # the weight-noise measure's loss: the method's prompt, decoding and inputs
     assert math.isfinite(inference_loss(run.model, run.encoder, run.data["val"][:2], method=m))
@@ -344,7 +371,7 @@ def test_nso_gradient_is_the_symmetric_average(m):
         U = torch.randn_like(W) * 0.3
         for V in (W + U, W - U):
             y = x @ V.T  # (n, 2)
-            expect += 3 * (y ** 2).T @ x / len(x) / (2 * m)
+            expect += 3 * (y**2).T @ x / len(x) / (2 * m)
             expect_loss += float(y.pow(3).sum() / len(x)) / (2 * m)
     torch.testing.assert_close(model.lin.weight.grad, expect)
     assert loss == pytest.approx(expect_loss, rel=1e-5)
@@ -357,8 +384,10 @@ def test_nso_gradient_is_the_symmetric_average(m):
 def test_alg1_strategies_through_train_view():
     ex = Example(question="q", steps=tuple(f"[{i}]" for i in range(10)), final="[9]", question_nohint="q")
     rng = np.random.default_rng(0)
-    view = {s: get_method("alg1", lam=0.3, strategy=s).train_view(ex, 0, rng)[1]
-            for s in ("drop_first", "drop_last", "equal")}
+    view = {
+        s: get_method("alg1", lam=0.3, strategy=s).train_view(ex, 0, rng)[1]
+        for s in ("drop_first", "drop_last", "equal")
+    }
     assert view["drop_first"] == ("[7]", "[8]", "[9]") and view["drop_last"] == ("[0]", "[1]", "[2]")
     assert view["equal"] == tuple(f"[{i}]" for i in compress_indices(10, 0.3, "equal", rng)) == ("[1]", "[5]", "[8]")
 

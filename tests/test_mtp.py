@@ -88,7 +88,9 @@ def test_only_intended_parameters_get_gradients():
     assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if n.startswith("mtp_heads."))
     assert grads["model.embed_tokens.weight"].abs().sum() > 0
     assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if ".layers.0." in n)
-    assert all(g is None or g.abs().sum() == 0 for n, g in grads.items() if ".layers.1." in n or n == "model.norm.weight")
+    assert all(
+        g is None or g.abs().sum() == 0 for n, g in grads.items() if ".layers.1." in n or n == "model.norm.weight"
+    )
     # the full loss (step) reaches every parameter of the trunk and the heads
     model.zero_grad(set_to_none=True)
     method.step(model, batch, optimizer=None)
@@ -115,9 +117,18 @@ def test_compression_reuses_algorithm_1():
     assert get_method("mtp").train_view(ex, 0, np.random.default_rng(0))[1] == ex.steps
 
 
-@pytest.mark.parametrize("params,field", [({"k": 1}, "k"), ({"k": 8}, "k"), ({"head": "conv"}, "head"),
-                                          ({"mtp_weight": -1.0}, "mtp_weight"), ({"lam": 0.0}, "lam"),
-                                          ({"bits": 5}, "bits"), ({"heads": 2}, "heads")])
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"k": 1}, "k"),
+        ({"k": 8}, "k"),
+        ({"head": "conv"}, "head"),
+        ({"mtp_weight": -1.0}, "mtp_weight"),
+        ({"lam": 0.0}, "lam"),
+        ({"bits": 5}, "bits"),
+        ({"heads": 2}, "heads"),
+    ],
+)
 def test_bad_params(params, field):
     with pytest.raises(UserError, match=field):
         get_method("mtp", **params)
@@ -130,12 +141,16 @@ def test_from_layer_out_of_range():
 
 
 def star_config(cache_dir, method):
-    return {"task": {"name": "star_graph", "params": {"path_len": 4}, "train_size": 64, "val_size": 8,
-                     "test_size": 8},
-            "model": {"preset": "tiny"}, "method": method,
-            "train": {"epochs": 4, "batch_size": 16, "lr": 1e-2, "warmup_steps": 1},
-            "eval": {"eaf_examples": 2, "eaf_iters": 2, "long_splits": ["test_long"], "loss_gap": False},
-            "seed": 0, "device": "cpu", "cache_dir": cache_dir}
+    return {
+        "task": {"name": "star_graph", "params": {"path_len": 4}, "train_size": 64, "val_size": 8, "test_size": 8},
+        "model": {"preset": "tiny"},
+        "method": method,
+        "train": {"epochs": 4, "batch_size": 16, "lr": 1e-2, "warmup_steps": 1},
+        "eval": {"eaf_examples": 2, "eaf_iters": 2, "long_splits": ["test_long"], "loss_gap": False},
+        "seed": 0,
+        "device": "cpu",
+        "cache_dir": cache_dir,
+    }
 
 
 def test_mtp_trial_trains_and_checkpoints(cache_dir, tmp_path):

@@ -56,7 +56,9 @@ def test_deterministic_seeded_and_global_rng_untouched(name):
 def test_format_and_own_answer_scores(name):
     task, exs = instances(name, n=60)
     for ex, _ in exs:
-        assert ex.question.startswith(f"{name}:\n") and ex.question.endswith(" | " + ex.question_nohint.split("\n")[-2] + "\n")
+        assert ex.question.startswith(f"{name}:\n") and ex.question.endswith(
+            " | " + ex.question_nohint.split("\n")[-2] + "\n"
+        )
         assert ex.question_nohint == ex.question.replace("trace | ", "")
         assert ex.answer.endswith("\n\n") and extract_final(ex.answer) == ex.final
         assert all(", " not in s and "|" not in s for s in ex.steps)
@@ -132,7 +134,7 @@ def check_perfect_binary(children: dict[int, list[int]], root: int, depth: int) 
         else:
             assert d == depth
             leaves.add(u)
-    assert len(leaves) == 2 ** depth
+    assert len(leaves) == 2**depth
     return leaves
 
 
@@ -231,7 +233,9 @@ def test_countdown_solutions_evaluate_and_steps_replay():
             for x in (a, b):
                 assert pool[x] > 0
                 pool[x] -= 1
-            assert Fraction(c) == _AST_OPS[{"+": ast.Add, "-": ast.Sub, "*": ast.Mult, "/": ast.Div}[op]](Fraction(a), Fraction(b))
+            assert Fraction(c) == _AST_OPS[{"+": ast.Add, "-": ast.Sub, "*": ast.Mult, "/": ast.Div}[op]](
+                Fraction(a), Fraction(b)
+            )
             pool[c] += 1
         assert +pool == Counter([target]) and len(ex.steps) == size - 1
 
@@ -265,7 +269,7 @@ def sat_clauses(q: str) -> tuple[int, list[tuple[int, ...]]]:
 
 
 def holds(clauses, bits: list[int]) -> bool:
-    return all(any((bits[abs(l) - 1] == 1) == (l > 0) for l in c) for c in clauses)
+    return all(any((bits[abs(lit) - 1] == 1) == (lit > 0) for lit in c) for c in clauses)
 
 
 def replay_dpll(n, clauses, steps) -> dict[int, int]:
@@ -279,7 +283,7 @@ def replay_dpll(n, clauses, steps) -> dict[int, int]:
 
     for step in steps:
         if step == "conflict":
-            assert any(all(value(l) is False for l in c) for c in clauses)
+            assert any(all(value(lit) is False for lit in c) for c in clauses)
             continue
         kind, v, b = re.fullmatch(r"(unit|decide) (\d+) = ([01])", step).groups()
         v, b = int(v), int(b)
@@ -291,7 +295,7 @@ def replay_dpll(n, clauses, steps) -> dict[int, int]:
         else:  # some clause has no true literal and only this one unassigned
             lit = v if b else -v
             assert v not in assign
-            assert any(lit in c and all(value(l) is False for l in c if l != lit) for c in clauses)
+            assert any(lit in c and all(value(lit) is False for lit in c if lit != lit) for c in clauses)
         assign[v] = b
     return assign
 
@@ -300,7 +304,9 @@ def test_sat3_assignments_satisfy_and_trace_replays():
     task, exs = instances("sat3")
     for ex, n in exs:
         n2, clauses = sat_clauses(ex.question)
-        assert n2 == n and all(len({abs(l) for l in c}) == 3 and all(1 <= abs(l) <= n for l in c) for c in clauses)
+        assert n2 == n and all(
+            len({abs(lit) for lit in c}) == 3 and all(1 <= abs(lit) <= n for lit in c) for c in clauses
+        )
         assert len(set(clauses)) == len(clauses)
         bits = [int(t) for t in vec(ex.final)]
         assert len(bits) == n and holds(clauses, bits)

@@ -26,15 +26,27 @@ def test_default_sizes_and_lengths_dijkstra():
     splits = make_splits(task, seed=0)
     assert {k: len(v) for k, v in splits.items()} == {**DEFAULT_SIZES, "test_long": 200, "test_longer": 200}
     assert {k: {e.meta["n"] for e in v} for k, v in splits.items()} == {
-        "train": {10}, "val": {10}, "test": {10}, "test_long": {11}, "test_longer": {12}}
+        "train": {10},
+        "val": {10},
+        "test": {10},
+        "test_long": {11},
+        "test_longer": {12},
+    }
     assert_no_duplicates(splits)
 
 
-@pytest.mark.parametrize("name, sizes", [
-    ("dijkstra", {"test_long": 11, "test_longer": 12}), ("bellman_ford", {"test_long": 11, "test_longer": 12}),
-    ("mst_prim", {"test_long": 11, "test_longer": 12}), ("bfs", {"test_long": 11, "test_longer": 12}),
-    ("dfs", {"test_long": 11, "test_longer": 12}),
-    ("lego_cyclic", {"test_long": 9, "test_longer": 10}), ("lego_symmetry", {"test_long": 9, "test_longer": 10})])
+@pytest.mark.parametrize(
+    "name, sizes",
+    [
+        ("dijkstra", {"test_long": 11, "test_longer": 12}),
+        ("bellman_ford", {"test_long": 11, "test_longer": 12}),
+        ("mst_prim", {"test_long": 11, "test_longer": 12}),
+        ("bfs", {"test_long": 11, "test_longer": 12}),
+        ("dfs", {"test_long": 11, "test_longer": 12}),
+        ("lego_cyclic", {"test_long": 9, "test_longer": 10}),
+        ("lego_symmetry", {"test_long": 9, "test_longer": 10}),
+    ],
+)
 def test_long_sizes_are_the_papers(name, sizes):
     assert get_task(name).long_sizes() == sizes
 
@@ -62,11 +74,18 @@ def test_other_length_on_request():
     assert {e.meta["n"] for e in exs} == {20}
 
 
-@pytest.mark.parametrize("name, params, word", [
-    ("dijkstra", {"n_nodes": 1}, "n_nodes"), ("dfs", {"n_nodes": 0}, "n_nodes"),
-    ("bfs", {"n_nodes": "10"}, "n_nodes"), ("mst_prim", {"p": 0.0}, "p"),
-    ("lego_cyclic", {"n_vars": 1}, "n_vars"), ("lego_symmetry", {"n_vars": 26}, "n_vars"),
-    ("dijkstra", {"n_node": 10}, "n_node")])
+@pytest.mark.parametrize(
+    "name, params, word",
+    [
+        ("dijkstra", {"n_nodes": 1}, "n_nodes"),
+        ("dfs", {"n_nodes": 0}, "n_nodes"),
+        ("bfs", {"n_nodes": "10"}, "n_nodes"),
+        ("mst_prim", {"p": 0.0}, "p"),
+        ("lego_cyclic", {"n_vars": 1}, "n_vars"),
+        ("lego_symmetry", {"n_vars": 26}, "n_vars"),
+        ("dijkstra", {"n_node": 10}, "n_node"),
+    ],
+)
 def test_bad_task_params_name_the_parameter(name, params, word):
     with pytest.raises(UserError, match=rf"\b{word}\b"):
         get_task(name, **params)

@@ -44,9 +44,11 @@ def _dense_blocks(model, e, aggregation, cap):
     pr = probes_of(e, cap, aggregation, False)
     E = embedding_matrix(model)
     with measuring(model):
-        x = E[torch.tensor(e.input_ids[:pr.length])][None]
+        x = E[torch.tensor(e.input_ids[: pr.length])][None]
         keep = pr.length - min(o[0] for o in pr.outs)
-        J = torch.autograd.functional.jacobian(expected_embedding_fn(model, keep), x, vectorize=True)[0, :, :, 0]  # (keep,d,L,d)
+        J = torch.autograd.functional.jacobian(expected_embedding_fn(model, keep), x, vectorize=True)[
+            0, :, :, 0
+        ]  # (keep,d,L,d)
     out = {}
     for key, ins, outs in zip(pr.keys, pr.ins, pr.outs):
         oo = [o - (pr.length - keep) for o in outs]
@@ -78,7 +80,8 @@ def test_rho_and_eaf_formula():
     assert eaf_from_norms(N, T=2) == pytest.approx(a)
     N[0, 1], N[0, 2], N[0, 3] = 1.0, 1.0, 1.0  # the question as step 0
     assert eaf_from_norms(N, include_question=True) == pytest.approx(
-        (b + c * a) + c + (1.0 + c * 1.0 + b * 1.0 + c * a * 1.0))
+        (b + c * a) + c + (1.0 + c * 1.0 + b * 1.0 + c * a * 1.0)
+    )
 
 
 def test_batched_matches_per_pair_loop(setup):
@@ -102,7 +105,7 @@ def test_sup_over_examples_with_different_step_counts(setup):
     res = estimate_eaf(model, es, iters=3, token_cap=3)
     assert res.T == len(long.steps) + 1 and res.norms.shape == (res.T + 1, res.T + 1)
     Ts = len(short.steps) + 1
-    assert torch.isnan(res.per_example[1, 1, Ts + 1:]).all()  # the short one lacks those pairs
+    assert torch.isnan(res.per_example[1, 1, Ts + 1 :]).all()  # the short one lacks those pairs
     assert float(res.norms[1, Ts]) == pytest.approx(float(torch.nan_to_num(res.per_example[:, 1, Ts], nan=0).max()))
 
 
@@ -189,24 +192,50 @@ def test_cli_on_a_qat_checkpoint(tmp_path, capsys):
     from stabray.cli import main
     from stabray.train.run import TrialRun
 
-    cfg = {"task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 32,
-                    "val_size": 8, "test_size": 8},
-           "model": {"preset": "tiny"}, "method": {"name": "alg1", "params": {"lam": 0.5, "bits": 2}},
-           "train": {"epochs": 1, "batch_size": 16, "lr": 3e-3, "warmup_steps": 1},
-           "eval": {"eaf_examples": 0, "long_splits": []}, "seed": 0, "device": "cpu",
-           "cache_dir": str(tmp_path / "cache")}
+    cfg = {
+        "task": {
+            "name": "dijkstra",
+            "params": {"n_nodes": 4, "decimals": 1},
+            "train_size": 32,
+            "val_size": 8,
+            "test_size": 8,
+        },
+        "model": {"preset": "tiny"},
+        "method": {"name": "alg1", "params": {"lam": 0.5, "bits": 2}},
+        "train": {"epochs": 1, "batch_size": 16, "lr": 3e-3, "warmup_steps": 1},
+        "eval": {"eaf_examples": 0, "long_splits": []},
+        "seed": 0,
+        "device": "cpu",
+        "cache_dir": str(tmp_path / "cache"),
+    }
     run = TrialRun(cfg)
     run.epoch()
     run.save(tmp_path / "ckpt")
-    assert main(["stability", str(tmp_path / "ckpt"), "--n", "3", "--iters", "2", "--token-cap", "3",
-                 "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            [
+                "stability",
+                str(tmp_path / "ckpt"),
+                "--n",
+                "3",
+                "--iters",
+                "2",
+                "--token-cap",
+                "3",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     header = (tmp_path / "out" / "stability.csv").read_text().splitlines()[0]
     assert header.split(",") == list(ROW_KEYS)
     assert main(["stability", str(tmp_path / "nope")]) == 2  # neither a directory nor resolvable
 
 
-@pytest.mark.parametrize("family,include_question,delta", [("qwen2", False, None), ("qwen2", True, 0.01),
-                                                           ("gpt2", False, 0.01)])
+@pytest.mark.parametrize(
+    "family,include_question,delta", [("qwen2", False, None), ("qwen2", True, 0.01), ("gpt2", False, 0.01)]
+)
 def test_prefix_cache_is_exact(setup, family, include_question, delta):
     """The constant prefix run once as a KV cache gives the whole-sequence estimator's norms
     (RoPE and learned absolute positions; the question as step 0; the C2 finite differences)."""

@@ -16,8 +16,13 @@ def write_spec(tmp_path, **over):
     spec = {
         "include": str(SWEEPS / "_base.yaml"),
         "name": "mini",
-        "task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 48, "val_size": 8,
-                 "test_size": 8},
+        "task": {
+            "name": "dijkstra",
+            "params": {"n_nodes": 4, "decimals": 1},
+            "train_size": 48,
+            "val_size": 8,
+            "test_size": 8,
+        },
         "model": {"preset": "tiny"},
         "train": {"epochs": 2, "batch_size": 16, "warmup_steps": 1},
         "eval": {"eaf_examples": 4, "eaf_iters": 2, "decomposition_examples": 0, "long_splits": ["test_long"]},
@@ -66,20 +71,24 @@ def test_mini_sweep_logs_parent_and_children(tmp_path, monkeypatch, capsys):
 
     # `stability <run id>` resolves the run to that checkpoint
     from stabray.tracking import checkpoint_dir_of
+
     assert Path(checkpoint_dir_of(children[0].info.run_id, uri)) == Path(children[0].data.tags["stabray.checkpoint"])
 
 
-@pytest.mark.parametrize("over,field", [
-    ({"task": {"params": {"n_nodse": 4}}}, "task.params"),
-    ({"task": {"name": "dijkstar"}}, "task.name"),
-    ({"method": {"name": "alg2"}}, "method.name"),
-    ({"search": {"space": {"lam": {"choice": [0.0, 0.5]}}}}, "search.space.lam"),
-    ({"search": {"space": {"bits": {"choice": [1, 5]}}}}, "search.space.bits"),
-    ({"search": {"space": {"lr": {"loguniform": [-1.0, 1.0e-3]}}}}, "search.space.lr"),
-    ({"train": {"epochz": 3}}, "train.epochz"),
-    ({"resources": {"gpu": -1}}, "resources.gpu"),
-    ({"search": {"space": {"lora_rank": {"choice": [16]}}}}, "search.space.lora_rank"),
-])
+@pytest.mark.parametrize(
+    "over,field",
+    [
+        ({"task": {"params": {"n_nodse": 4}}}, "task.params"),
+        ({"task": {"name": "dijkstar"}}, "task.name"),
+        ({"method": {"name": "alg2"}}, "method.name"),
+        ({"search": {"space": {"lam": {"choice": [0.0, 0.5]}}}}, "search.space.lam"),
+        ({"search": {"space": {"bits": {"choice": [1, 5]}}}}, "search.space.bits"),
+        ({"search": {"space": {"lr": {"loguniform": [-1.0, 1.0e-3]}}}}, "search.space.lr"),
+        ({"train": {"epochz": 3}}, "train.epochz"),
+        ({"resources": {"gpu": -1}}, "resources.gpu"),
+        ({"search": {"space": {"lora_rank": {"choice": [16]}}}}, "search.space.lora_rank"),
+    ],
+)
 def test_spec_errors_exit_2_naming_field_and_file(tmp_path, capsys, over, field):
     path = write_spec(tmp_path, **over)
     rc = main(["sweep", str(path), "--storage", str(tmp_path / "runs")])
@@ -94,8 +103,9 @@ def test_unknown_spec_name(capsys):
     assert "did you mean dijkstra" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("path", sorted(p for p in SWEEPS.rglob("*.yaml") if not p.name.startswith("_")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted(p for p in SWEEPS.rglob("*.yaml") if not p.name.startswith("_")), ids=lambda p: p.stem
+)
 def test_every_shipped_spec_validates(path):
     from stabray.spec import load_spec
 
@@ -109,8 +119,11 @@ def test_multi_method_sweep_groups_trials_by_method(tmp_path, monkeypatch, capsy
     from mlflow import MlflowClient
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
-    spec = write_spec(tmp_path, methods=["sft_cot", {"name": "nso", "space": {"sigma": {"choice": [0.01]}}}],
-                      search={"num_samples": 1, "max_concurrent": 1})
+    spec = write_spec(
+        tmp_path,
+        methods=["sft_cot", {"name": "nso", "space": {"sigma": {"choice": [0.01]}}}],
+        search={"num_samples": 1, "max_concurrent": 1},
+    )
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     assert main(["sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]) == 0
     assert "2 trials (0 failed)" in capsys.readouterr().out

@@ -73,7 +73,9 @@ def test_global_random_state_untouched(name):
 def test_steps_and_final_parse(name):
     task = get_task(name)
     for ex, size in instances(name, n=50):
-        assert ex.question.startswith(f"{task.name}:\n") and ex.question.endswith("\ntrace | pi:\n" if name in CLRS_TASKS else "\ntrace | values:\n")
+        assert ex.question.startswith(f"{task.name}:\n") and ex.question.endswith(
+            "\ntrace | pi:\n" if name in CLRS_TASKS else "\ntrace | values:\n"
+        )
         assert ex.question_nohint == ex.question.replace("trace | ", "")
         for text in (*ex.steps, ex.final):
             vec = parse_vec(text)
@@ -235,7 +237,7 @@ def test_dfs_forest_is_valid():
         n = len(pi)
         reach = np.isfinite(csgraph.shortest_path(A, directed=True, unweighted=True))  # reach[u, v]
 
-        def root_of(v):
+        def root_of(v, pi=pi, A=A):
             while pi[v] != v:
                 assert A[pi[v], v] == 1
                 v = pi[v]
@@ -309,15 +311,17 @@ def test_dijkstra_golden_text():
         "dijkstra:\n"
         "s: 3, A: [[0.0 0.0 0.79 0.65], [0.0 0.789 0.36 0.0], [0.79 0.36 0.0 0.0], [0.65 0.0 0.0 0.0]], "
         "initial_trace: [0 1 2 3]\n"
-        "trace | pi:\n")
+        "trace | pi:\n"
+    )
     assert ex.answer == "[3 1 2 3], [3 1 0 3], [3 2 0 3] | [3 2 0 3]\n\n"
     assert ex.question_nohint.endswith("\npi:\n")
 
 
 def test_lego_golden_text():
     ex = draw(get_task("lego_cyclic"), "test", 1, seed=0, size=4)[0]
-    assert ex.question == ("lego_cyclic:\nvars: [f i s v], clauses: v = s + 2; i = f + 0; f = 3; s = i + 3\n"
-                           "trace | values:\n")
+    assert ex.question == (
+        "lego_cyclic:\nvars: [f i s v], clauses: v = s + 2; i = f + 0; f = 3; s = i + 3\ntrace | values:\n"
+    )
     assert ex.answer == "[3 n n n], [3 3 n n], [3 3 0 n] | [3 3 0 2]\n\n"
 
 

@@ -13,12 +13,22 @@ from stabray.train.run import TrialRun, load_run
 
 
 def tiny_config(cache_dir, **over):
-    cfg = {"task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 64,
-                    "val_size": 16, "test_size": 16},
-           "model": {"preset": "tiny"}, "method": {"name": "alg1", "params": {"lam": 0.5, "bits": 2}},
-           "train": {"epochs": 3, "batch_size": 16, "lr": 3e-3, "warmup_steps": 2},
-           "eval": {"eaf_examples": 0, "long_splits": ["test_long"]}, "seed": 0, "device": "cpu",
-           "cache_dir": cache_dir}
+    cfg = {
+        "task": {
+            "name": "dijkstra",
+            "params": {"n_nodes": 4, "decimals": 1},
+            "train_size": 64,
+            "val_size": 16,
+            "test_size": 16,
+        },
+        "model": {"preset": "tiny"},
+        "method": {"name": "alg1", "params": {"lam": 0.5, "bits": 2}},
+        "train": {"epochs": 3, "batch_size": 16, "lr": 3e-3, "warmup_steps": 2},
+        "eval": {"eaf_examples": 0, "long_splits": ["test_long"]},
+        "seed": 0,
+        "device": "cpu",
+        "cache_dir": cache_dir,
+    }
     for k, v in over.items():
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
     return cfg
@@ -81,20 +91,34 @@ def local_pretrained(tmp_path):
     """A tiny random Llama-style checkpoint with its own tokenizer, saved like a hub model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from stabray.data.splits import make_splits
     from stabray.data.tokenizer import build_tokenizer
     from stabray.tasks import get_task
-    from stabray.data.splits import make_splits
 
     task = get_task("dijkstra", n_nodes=4, decimals=1)
-    texts = [t for exs in make_splits(task, {"train": 64, "val": 16, "test": 16}, splits=("train", "val", "test",
-                                                                                         "test_long")).values()
-             for e in exs for t in (e.question, e.answer)]
+    texts = [
+        t
+        for exs in make_splits(
+            task, {"train": 64, "val": 16, "test": 16}, splits=("train", "val", "test", "test_long")
+        ).values()
+        for e in exs
+        for t in (e.question, e.answer)
+    ]
     tok = build_tokenizer(texts)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.pad_token_id))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
     path = tmp_path / "tiny-llama"
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -102,13 +126,17 @@ def local_pretrained(tmp_path):
 
 
 def test_pretrained_path_with_lora(cache_dir, local_pretrained, tmp_path):
-    cfg = tiny_config(cache_dir, model={"pretrained": local_pretrained, "lora": {"rank": 4, "alpha": 8}},
-                      method={"name": "alg1", "params": {"lam": 0.5, "bits": 2}})
+    cfg = tiny_config(
+        cache_dir,
+        model={"pretrained": local_pretrained, "lora": {"rank": 4, "alpha": 8}},
+        method={"name": "alg1", "params": {"lam": 0.5, "bits": 2}},
+    )
     run = TrialRun(cfg)
     trainable = {n for n, p in run.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     # QAT wraps the LoRA A/B matrices (the paper's code), not the frozen base weights
     from torch.nn.utils import parametrize
+
     wrapped = [n for n, m in run.model.named_modules() if parametrize.is_parametrized(m)]
     assert wrapped and all("lora_A" in n or "lora_B" in n for n in wrapped)
     before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
@@ -118,5 +146,5 @@ def test_pretrained_path_with_lora(cache_dir, local_pretrained, tmp_path):
     assert changed and changed <= trainable  # only LoRA parameters moved
     run.save(tmp_path / "ck")
     again = load_run(tmp_path / "ck")
-    for (n, a), (_, b) in zip(run.model.named_parameters(), again.model.named_parameters()):
+    for (_, a), (_, b) in zip(run.model.named_parameters(), again.model.named_parameters()):
         torch.testing.assert_close(a, b)

@@ -58,21 +58,34 @@ def run(args: argparse.Namespace) -> int:
         if out is not sys.stdout:
             out.close()
     size = args.size if args.size is not None else exs[0].meta.get("n")
-    print(f"wrote {len(exs)} {task.name} examples ({args.split}, {task.size_field}={size}, seed {args.seed}) "
-          f"to {args.out if args.out != '-' else 'stdout'}", file=sys.stderr)
+    print(
+        f"wrote {len(exs)} {task.name} examples ({args.split}, {task.size_field}={size}, seed {args.seed}) "
+        f"to {args.out if args.out != '-' else 'stdout'}",
+        file=sys.stderr,
+    )
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="write a task's examples as JSON lines", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "data",
+        help="write a task's examples as JSON lines",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("task", help="task name (see `python -m stabray tasks`)")
     p.add_argument("--split", choices=SPLITS, default="test", help="which split (default test)")
     p.add_argument("--n", type=int, default=200, help="number of examples (default 200)")
     p.add_argument("--out", default="-", help="output .jsonl file ('-' = stdout, the default)")
     p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0, as in sweeps)")
-    p.add_argument("--size", type=int, default=None,
-                   help="input size (nodes / variables) to draw at, overriding the split's own")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="task generator parameter, e.g. n_nodes=5 or p=0.3 (repeatable)")
+    p.add_argument(
+        "--size", type=int, default=None, help="input size (nodes / variables) to draw at, overriding the split's own"
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task generator parameter, e.g. n_nodes=5 or p=0.3 (repeatable)",
+    )
     p.set_defaults(func=run)

@@ -9,20 +9,30 @@ import yaml
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a hyperparameter sweep from sweeps/<name>.yaml or a path",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Run Optuna + ASHA over a spec's search space with Ray Tune; every "
-                                   "trial is logged to MLflow.")
+    p = sub.add_parser(
+        "sweep",
+        help="run a hyperparameter sweep from sweeps/<name>.yaml or a path",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run Optuna + ASHA over a spec's search space with Ray Tune; every trial is logged to MLflow.",
+    )
     p.add_argument("spec", help="a shipped spec name (dijkstra) or a path to a YAML file")
     p.add_argument("--method", help="override the spec's method (e.g. sft_cot, alg1)")
     p.add_argument("--num-samples", type=int, help="number of trials")
     p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite ./mlflow.db)")
     p.add_argument("--storage", help="Ray Tune results directory (default ./stabray_runs)")
-    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else join a running cluster, else start "
-                        "one locally); 'local' always starts a fresh local instance")
+    p.add_argument(
+        "--address",
+        help="Ray cluster address (default: $RAY_ADDRESS, else join a running cluster, else start "
+        "one locally); 'local' always starts a fresh local instance",
+    )
     p.add_argument("--resume", action="store_true", help="continue the latest interrupted run of this sweep")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field, e.g. --set train.epochs=2 --set search.num_samples=4")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set train.epochs=2 --set search.num_samples=4",
+    )
     p.add_argument("--dry-run", action="store_true", help="validate and print the resolved spec, run nothing")
     p.set_defaults(func=run)
 
@@ -58,12 +68,15 @@ def run(args) -> int:
     from stabray.tune.sweep import run_sweep
 
     t0 = time.perf_counter()
-    grid, info = run_sweep(spec, path, tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume,
-                           address=args.address)
+    grid, info = run_sweep(
+        spec, path, tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume, address=args.address
+    )
     print_summary(spec, grid, info, time.perf_counter() - t0)
     if not info.get("complete", True):
-        print(f"the sweep was interrupted before all {spec.search.num_samples} trials ended; continue it with:\n"
-              f"  python -m stabray sweep {args.spec} --resume" + (f" --storage {args.storage}" if args.storage else ""))
+        print(
+            f"the sweep was interrupted before all {spec.search.num_samples} trials ended; continue it with:\n"
+            f"  python -m stabray sweep {args.spec} --resume" + (f" --storage {args.storage}" if args.storage else "")
+        )
         return 130
     return 0
 

@@ -30,11 +30,15 @@ def task_stats(task: Task, n: int = 50, seed: int = 0) -> list[dict]:
     for split in SPLITS:
         size = split_size_of(task, split)
         exs = draw(task, split, n, seed, size)
-        row = {"split": split, task.size_field: size, "n": n,
-               "question_tokens": float(np.mean([count_tokens(e.question) for e in exs])),
-               "answer_tokens": float(np.mean([count_tokens(e.answer) for e in exs])),
-               "answer_tokens_nocot": float(np.mean([count_tokens(e.render_answer(None)) for e in exs])),
-               "steps": float(np.mean([len(e.steps) for e in exs]))}
+        row = {
+            "split": split,
+            task.size_field: size,
+            "n": n,
+            "question_tokens": float(np.mean([count_tokens(e.question) for e in exs])),
+            "answer_tokens": float(np.mean([count_tokens(e.answer) for e in exs])),
+            "answer_tokens_nocot": float(np.mean([count_tokens(e.render_answer(None)) for e in exs])),
+            "steps": float(np.mean([len(e.steps) for e in exs])),
+        }
         for rule_name, acc in task.baseline_accuracy(exs).items():
             row[f"baseline: {rule_name}"] = float(acc)
         rows.append(row)
@@ -48,20 +52,30 @@ def describe_task(name: str, n: int, seed: int, show_example: bool) -> tuple[str
     cls = type(task)
     aliases = TASKS.aliases_of(name)
     summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())  # first paragraph
-    lines = [f"{name}" + (f" (alias: {', '.join(aliases)})" if aliases else "") + f"  v{task.version}",
-             f"  {summary}",
-             "  params: " + ", ".join(f"{k}={v}" for k, v in task.describe().items() if k not in ("task", "version"))]
+    lines = [
+        f"{name}" + (f" (alias: {', '.join(aliases)})" if aliases else "") + f"  v{task.version}",
+        f"  {summary}",
+        "  params: " + ", ".join(f"{k}={v}" for k, v in task.describe().items() if k not in ("task", "version")),
+    ]
     if show_example:
         ex = draw(task, "test", 1, seed, task.size)[0]
         lines.append(f"  example (test split, {task.size_field}={task.size}, seed {seed}):")
-        lines += [textwrap.indent(ex.question.rstrip("\n"), "    | "), textwrap.indent(ex.answer.rstrip("\n"), "    > ")]
+        lines += [
+            textwrap.indent(ex.question.rstrip("\n"), "    | "),
+            textwrap.indent(ex.answer.rstrip("\n"), "    > "),
+        ]
     rows = task_stats(task, n, seed)
     lines.append(f"  statistics over {n} test examples per size (tokens of the embedded tokenizer):")
-    lines.append(f"    {task.size_field:>8}  {'question':>9}  {'answer':>7}  {'no-CoT':>6}  {'steps':>6}  trivial baselines (accuracy)")
+    lines.append(
+        f"    {task.size_field:>8}  {'question':>9}  {'answer':>7}  {'no-CoT':>6}  {'steps':>6}  "
+        "trivial baselines (accuracy)"
+    )
     for r in rows:
-        base = ", ".join(f"{k[len('baseline: '):]}: {v:.2f}" for k, v in r.items() if k.startswith("baseline: "))
-        lines.append(f"    {r[task.size_field]:>8}  {r['question_tokens']:>9.1f}  {r['answer_tokens']:>7.1f}  "
-                     f"{r['answer_tokens_nocot']:>6.1f}  {r['steps']:>6.1f}  {base or '-'}")
+        base = ", ".join(f"{k[len('baseline: ') :]}: {v:.2f}" for k, v in r.items() if k.startswith("baseline: "))
+        lines.append(
+            f"    {r[task.size_field]:>8}  {r['question_tokens']:>9.1f}  {r['answer_tokens']:>7.1f}  "
+            f"{r['answer_tokens_nocot']:>6.1f}  {r['steps']:>6.1f}  {base or '-'}"
+        )
     info = {"task": name, "aliases": aliases, "version": task.version, "params": task.describe(), "stats": rows}
     return "\n".join(lines), info
 

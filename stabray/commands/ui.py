@@ -23,11 +23,25 @@ def run(args) -> int:
     from stabray.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
-    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):]):
-        print(f"note: no MLflow database at {uri[len('sqlite:///'):]} yet; the server creates an empty one",
-              file=sys.stderr)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
-           "--port", str(args.port), "--workers", "1"]
+    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///") :]):
+        print(
+            f"note: no MLflow database at {uri[len('sqlite:///') :]} yet; the server creates an empty one",
+            file=sys.stderr,
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, start_new_session=args.no_wait, stdout=sys.stderr)  # our stdout: the URL
     url = f"http://{args.host}:{args.port}"
     for _ in range(120):

@@ -24,8 +24,10 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(task: Task, sizes: dict[str, int], seed: int, splits: tuple[str, ...]) -> str:
-    blob = json.dumps({"format": FORMAT_VERSION, **task.describe(), "sizes": sizes, "seed": seed,
-                       "splits": list(splits)}, sort_keys=True)
+    blob = json.dumps(
+        {"format": FORMAT_VERSION, **task.describe(), "sizes": sizes, "seed": seed, "splits": list(splits)},
+        sort_keys=True,
+    )
     return f"{task.name}-v{task.version}-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -41,14 +43,19 @@ def _to_columns(examples: list[Example]) -> dict[str, list]:
 
 def _from_dataset(ds) -> list[Example]:
     cols = ds.to_dict()
-    return [Example(question=q, steps=tuple(s), final=f, question_nohint=qn, meta=json.loads(m))
-            for q, s, f, qn, m in zip(cols["question"], cols["steps"], cols["final"],
-                                      cols["question_nohint"], cols["meta"])]
+    return [
+        Example(question=q, steps=tuple(s), final=f, question_nohint=qn, meta=json.loads(m))
+        for q, s, f, qn, m in zip(cols["question"], cols["steps"], cols["final"], cols["question_nohint"], cols["meta"])
+    ]
 
 
-def load_splits(task: Task, sizes: dict[str, int] | None = None, seed: int = 0,
-                splits: tuple[str, ...] = ("train", *EVAL_SPLITS),
-                cache_dir: str | Path | None = None) -> dict[str, list[Example]]:
+def load_splits(
+    task: Task,
+    sizes: dict[str, int] | None = None,
+    seed: int = 0,
+    splits: tuple[str, ...] = ("train", *EVAL_SPLITS),
+    cache_dir: str | Path | None = None,
+) -> dict[str, list[Example]]:
     """The task's splits, from the cache when present, else generated and cached."""
     import datasets
 

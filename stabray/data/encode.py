@@ -87,6 +87,6 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), L), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
+        ids[i, L - len(p) :] = torch.tensor(p)
+        mask[i, L - len(p) :] = 1
     return {"input_ids": ids, "attention_mask": mask}

@@ -22,8 +22,9 @@ def split_seed(seed: int, split: str, size: int) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(split.encode()), int(size)]).generate_state(1)[0])
 
 
-def draw(task: Task, split: str, n: int, seed: int, size: int, exclude: set[str] = frozenset(),
-         max_tries_factor: int = 50) -> list[Example]:
+def draw(
+    task: Task, split: str, n: int, seed: int, size: int, exclude: set[str] = frozenset(), max_tries_factor: int = 50
+) -> list[Example]:
     """n examples with distinct questions, none in `exclude`."""
     if not isinstance(n, (int, np.integer)) or n <= 0:
         raise UserError(f"split {split!r}: the number of examples must be a positive integer, got {n!r}")
@@ -37,7 +38,8 @@ def draw(task: Task, split: str, n: int, seed: int, size: int, exclude: set[str]
         if tries > max_tries_factor * n + 1000:
             raise UserError(
                 f"task {task.name!r} at {task.size_field}={size}: only {len(out)} distinct questions found "
-                f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs")
+                f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs"
+            )
         ex = task.sample(rng, size)
         if ex.question in seen or ex.question in exclude:
             continue
@@ -55,8 +57,9 @@ def split_size_of(task: Task, split: str) -> int:
     raise UserError(f"unknown split {split!r}; known: train, val, {', '.join(EVAL_SPLITS[1:])}")
 
 
-def make_splits(task: Task, sizes: dict[str, int] | None = None, seed: int = 0,
-                splits: tuple[str, ...] = ("train", *EVAL_SPLITS)) -> dict[str, list[Example]]:
+def make_splits(
+    task: Task, sizes: dict[str, int] | None = None, seed: int = 0, splits: tuple[str, ...] = ("train", *EVAL_SPLITS)
+) -> dict[str, list[Example]]:
     """All requested splits. `sizes` maps split -> number of examples (the eval default for long splits)."""
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
     out: dict[str, list[Example]] = {}

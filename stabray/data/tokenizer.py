@@ -33,13 +33,18 @@ def build_tokenizer(texts: Iterable[str]):
     for t in texts:
         counts.update(pre_tokens(t))
     vocab: dict[str, int] = {}
-    for tok in [*SPECIALS.values(), *LATENT_TOKENS, *(str(i) for i in range(N_INTEGERS)),
-                *sorted(counts, key=lambda k: (-counts[k], k))]:
+    for tok in [
+        *SPECIALS.values(),
+        *LATENT_TOKENS,
+        *(str(i) for i in range(N_INTEGERS)),
+        *sorted(counts, key=lambda k: (-counts[k], k)),
+    ]:
         vocab.setdefault(tok, len(vocab))
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIALS["unk_token"]))
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
-    ])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, additional_special_tokens=list(LATENT_TOKENS),
-                                   **SPECIALS)
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
+        ]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tk, additional_special_tokens=list(LATENT_TOKENS), **SPECIALS)

@@ -8,18 +8,25 @@ from stabray.data.encode import Encoder, left_pad
 
 
 @torch.no_grad()
-def greedy(model, encoder: Encoder, prompts: list[str], max_new_tokens: int, batch_size: int = 64,
-           device: torch.device | str = "cpu") -> list[list[int]]:
+def greedy(
+    model,
+    encoder: Encoder,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> list[list[int]]:
     """Generated token ids after each prompt, EOS and anything after it removed."""
     was_training = model.training
     model.eval()
     out: list[list[int]] = []
     for b in range(0, len(prompts), batch_size):
-        chunk = [encoder.prompt(p) for p in prompts[b:b + batch_size]]
+        chunk = [encoder.prompt(p) for p in prompts[b : b + batch_size]]
         batch = {k: v.to(device) for k, v in left_pad(chunk, encoder.pad).items()}
-        gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=encoder.eos, pad_token_id=encoder.pad)
-        for row in gen[:, batch["input_ids"].shape[1]:].tolist():
-            out.append(row[:row.index(encoder.eos)] if encoder.eos in row else row)
+        gen = model.generate(
+            **batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=encoder.eos, pad_token_id=encoder.pad
+        )
+        for row in gen[:, batch["input_ids"].shape[1] :].tolist():
+            out.append(row[: row.index(encoder.eos)] if encoder.eos in row else row)
     model.train(was_training)
     return out

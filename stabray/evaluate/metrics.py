@@ -23,49 +23,67 @@ class EvalResult:
 
 def _find_last(seq: list[int], sub: tuple[int, ...]) -> int:
     for p in range(len(seq) - len(sub), -1, -1):
-        if tuple(seq[p:p + len(sub)]) == sub:
+        if tuple(seq[p : p + len(sub)]) == sub:
             return p
     return -1
 
 
 @torch.no_grad()
-def final_answer_loss(model, encoder: Encoder, items: list[tuple[list[int], int]], device, batch_size=64,
-                      method=None) -> np.ndarray:
+def final_answer_loss(
+    model, encoder: Encoder, items: list[tuple[list[int], int]], device, batch_size=64, method=None
+) -> np.ndarray:
     """Mean CE per example over the tokens from `start` on; items = (ids, start). With a method, the
     model sees the inputs the method gives it (`Method.model_inputs`: Coconut fills its latents)."""
     out = []
     model.eval()
     for b in range(0, len(items), batch_size):
-        chunk = items[b:b + batch_size]
+        chunk = items[b : b + batch_size]
         L = max(len(ids) for ids, _ in chunk)
         ids_t = torch.full((len(chunk), L), encoder.pad, dtype=torch.long)
         lab = torch.full((len(chunk), L), IGNORE, dtype=torch.long)
         mask = torch.zeros((len(chunk), L), dtype=torch.long)
         for i, (ids, start) in enumerate(chunk):
-            ids_t[i, :len(ids)] = torch.tensor(ids)
-            lab[i, start:len(ids)] = torch.tensor(ids[start:])
-            mask[i, :len(ids)] = 1
+            ids_t[i, : len(ids)] = torch.tensor(ids)
+            lab[i, start : len(ids)] = torch.tensor(ids[start:])
+            mask[i, : len(ids)] = 1
         ids_t, mask = ids_t.to(device), mask.to(device)
-        kw = method.model_inputs(model, ids_t, mask) if method is not None else \
-            {"input_ids": ids_t, "attention_mask": mask}
+        kw = (
+            method.model_inputs(model, ids_t, mask)
+            if method is not None
+            else {"input_ids": ids_t, "attention_mask": mask}
+        )
         logits = model(**kw).logits.float()
-        ce = F.cross_entropy(logits[:, :-1].transpose(1, 2), lab[:, 1:].to(device), ignore_index=IGNORE,
-                             reduction="none")
+        ce = F.cross_entropy(
+            logits[:, :-1].transpose(1, 2), lab[:, 1:].to(device), ignore_index=IGNORE, reduction="none"
+        )
         n = (lab[:, 1:] != IGNORE).sum(1).clamp_min(1).to(device)
         out.extend((ce.sum(1) / n).tolist())
     return np.asarray(out)
 
 
-def evaluate_split(model, encoder: Encoder, task: Task, examples: list[Example], method,
-                   device="cpu", loss_gap: bool = False, batch_size: int = 64,
-                   max_new_tokens: int | None = None) -> EvalResult:
+def evaluate_split(
+    model,
+    encoder: Encoder,
+    task: Task,
+    examples: list[Example],
+    method,
+    device="cpu",
+    loss_gap: bool = False,
+    batch_size: int = 64,
+    max_new_tokens: int | None = None,
+) -> EvalResult:
     """Decode each example from the method's prompt with the method's decoding (greedy to EOS) and
     score the final answer by exact match."""
     tok = encoder.tok
     prompts = [method.eval_prompt(ex) for ex in examples]
     if max_new_tokens is None:
-        max_new_tokens = max(len(encoder.encode(p, ex.steps, ex.final).input_ids) - len(encoder.prompt(p))
-                             for p, ex in zip(prompts, examples)) + 8
+        max_new_tokens = (
+            max(
+                len(encoder.encode(p, ex.steps, ex.final).input_ids) - len(encoder.prompt(p))
+                for p, ex in zip(prompts, examples)
+            )
+            + 8
+        )
     gen = method.generate(model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
     texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
     correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
@@ -77,9 +95,13 @@ def evaluate_split(model, encoder: Encoder, task: Task, examples: list[Example],
             e = encoder.encode(p, method.eval_steps(ex), ex.final)
             gold.append((list(e.input_ids), e.final_span[0]))
             pos = _find_last(g, sep) if sep else -1
-            prefix = list(encoder.prompt(p)) + (g[:pos + len(sep)] if pos >= 0 else [])
+            prefix = list(encoder.prompt(p)) + (g[: pos + len(sep)] if pos >= 0 else [])
             tail = list(encoder.ids(ex.final) + encoder.ids(END)) + [encoder.eos]
             own.append((prefix + tail, len(prefix)))
-        res.loss_gap = float(np.mean(final_answer_loss(model, encoder, own, device, batch_size, method)
-                                     - final_answer_loss(model, encoder, gold, device, batch_size, method)))
+        res.loss_gap = float(
+            np.mean(
+                final_answer_loss(model, encoder, own, device, batch_size, method)
+                - final_answer_loss(model, encoder, gold, device, batch_size, method)
+            )
+        )
     return res

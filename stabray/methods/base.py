@@ -39,8 +39,10 @@ def load_spaces() -> dict[str, dict[str, dict[str, Any]]]:
     for method, space in data.items():
         for param, spec in (space or {}).items():
             if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SPACE_KINDS:
-                raise UserError(f"{SPACES_FILE}: {method}.{param}: a space is one of "
-                                f"{{{' | '.join(SPACE_KINDS)}: ...}}, got {spec!r}")
+                raise UserError(
+                    f"{SPACES_FILE}: {method}.{param}: a space is one of "
+                    f"{{{' | '.join(SPACE_KINDS)}: ...}}, got {spec!r}"
+                )
     return {m: dict(s or {}) for m, s in data.items()}
 
 
@@ -61,16 +63,20 @@ class Method:
         known = {f.name for f in dataclasses.fields(cls.Params)}
         for key in space:
             if key not in known:
-                raise UserError(f"{SPACES_FILE}: method {name!r} has no hyperparameter {key!r}; "
-                                f"known: {', '.join(sorted(known)) or '(none)'}")
+                raise UserError(
+                    f"{SPACES_FILE}: method {name!r} has no hyperparameter {key!r}; "
+                    f"known: {', '.join(sorted(known)) or '(none)'}"
+                )
         cls.default_space = space
 
     def __init__(self, **params: Any):
         names = {f.name for f in dataclasses.fields(self.Params)}
         for key in params:
             if key not in names:
-                raise UserError(f"method {self.name!r}: unknown hyperparameter {key!r}; "
-                                f"known: {', '.join(sorted(names)) or '(none)'}")
+                raise UserError(
+                    f"method {self.name!r}: unknown hyperparameter {key!r}; "
+                    f"known: {', '.join(sorted(names)) or '(none)'}"
+                )
         self.params = self.Params(**params)
         self.validate()
 
@@ -121,8 +127,9 @@ class Method:
         """Positions of latent-thought slots in a token sequence (none for language methods)."""
         return []
 
-    def generate(self, model, encoder, prompts: list[str], max_new_tokens: int, batch_size: int = 64,
-                 device="cpu") -> list[list[int]]:
+    def generate(
+        self, model, encoder, prompts: list[str], max_new_tokens: int, batch_size: int = 64, device="cpu"
+    ) -> list[list[int]]:
         """Greedy decoding to EOS (Coconut overrides: latent thoughts first)."""
         from stabray.evaluate.generate import greedy
 

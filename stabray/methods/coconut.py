@@ -103,8 +103,10 @@ class Coconut(Method):
         for t in (BOT, EOT, LATENT):
             enc = tokenizer(t, add_special_tokens=False)["input_ids"]
             if len(enc) != 1:
-                raise UserError(f"method 'coconut': the tokenizer does not keep {t} as one token "
-                                f"(got {enc}); call method.bind_tokenizer(tokenizer) before building the model")
+                raise UserError(
+                    f"method 'coconut': the tokenizer does not keep {t} as one token "
+                    f"(got {enc}); call method.bind_tokenizer(tokenizer) before building the model"
+                )
             ids[t] = enc[0]
         self.ids = ids
 
@@ -135,9 +137,11 @@ class Coconut(Method):
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "multiple adapters": intended, LoRA + tokens
-                inject_adapter_in_model(TrainableTokensConfig(target_modules=[name],
-                                                              token_indices=[self.ids[BOT], self.ids[EOT]]),
-                                        base, adapter_name="coconut_tokens")
+                inject_adapter_in_model(
+                    TrainableTokensConfig(target_modules=[name], token_indices=[self.ids[BOT], self.ids[EOT]]),
+                    base,
+                    adapter_name="coconut_tokens",
+                )
         return model
 
     # -- latent passes ---------------------------------------------------------------------------
@@ -153,8 +157,14 @@ class Coconut(Method):
             rows = (n > j).nonzero(as_tuple=True)[0]  # (R,)
             where = ((rank[rows] == j + 1) & lat[rows]).long().argmax(1)  # (R,) slot of latent j
             end = int(where.max())
-            h = model(inputs_embeds=x[rows, :end], attention_mask=mask[rows, :end], position_ids=pos[rows, :end],
-                      output_hidden_states=True, logits_to_keep=1, use_cache=False).hidden_states[-1]  # (R, end, D)
+            h = model(
+                inputs_embeds=x[rows, :end],
+                attention_mask=mask[rows, :end],
+                position_ids=pos[rows, :end],
+                output_hidden_states=True,
+                logits_to_keep=1,
+                use_cache=False,
+            ).hidden_states[-1]  # (R, end, D)
             x = x.index_put((rows, where), h[torch.arange(len(rows), device=h.device), where - 1].to(x.dtype))
         return x, pos
 
@@ -173,8 +183,13 @@ class Coconut(Method):
         if self.ids is None:
             raise UserError("method 'coconut': prepare(model) must run before training")
         x, pos = self.fill_latents(model, batch["input_ids"], batch["attention_mask"])
-        return model(inputs_embeds=x, attention_mask=batch["attention_mask"], position_ids=pos,
-                     labels=batch["labels"], use_cache=False).loss
+        return model(
+            inputs_embeds=x,
+            attention_mask=batch["attention_mask"],
+            position_ids=pos,
+            labels=batch["labels"],
+            use_cache=False,
+        ).loss
 
     @torch.no_grad()
     def generate(self, model, encoder, prompts, max_new_tokens, batch_size=64, device="cpu"):
@@ -186,7 +201,7 @@ class Coconut(Method):
         model.eval()
         out: list[list[int]] = []
         for b in range(0, len(prompts), batch_size):
-            batch = left_pad([encoder.prompt(p) for p in prompts[b:b + batch_size]], encoder.pad)
+            batch = left_pad([encoder.prompt(p) for p in prompts[b : b + batch_size]], encoder.pad)
             ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
             x, pos = self.fill_latents(model, ids, mask)
             res = model(inputs_embeds=x, attention_mask=mask, position_ids=pos, use_cache=True)
@@ -202,6 +217,6 @@ class Coconut(Method):
                 res = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
                 cache, nxt = res.cache, res.logits[:, -1].argmax(-1)
             for row in torch.stack(gen, 1).tolist():
-                out.append(row[:row.index(encoder.eos)] if encoder.eos in row else row)
+                out.append(row[: row.index(encoder.eos)] if encoder.eos in row else row)
         model.train(was_training)
         return out

@@ -43,7 +43,7 @@ def drop_leading_tokens(steps: tuple[str, ...], n: int) -> tuple[str, ...]:
             n -= len(toks)
             out.pop(0)
         else:
-            out[0] = out[0][toks[n].start():]
+            out[0] = out[0][toks[n].start() :]
             n = 0
     return tuple(out)
 

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from stabray.errors import UserError
-from stabray.methods.alg1 import STRATEGIES, check_compression_qat, compress_indices
+from stabray.methods.alg1 import check_compression_qat, compress_indices
 from stabray.methods.base import METHODS, Method
-from stabray.methods.qat import VALID_BITS, apply_qat
+from stabray.methods.qat import apply_qat
 
 HEADS = ("linear", "mlp")
 IGNORE = -100
@@ -112,8 +112,10 @@ class MTP(Method):
         hidden = model.get_output_embeddings().weight.shape[1]
         n_states = model.config.num_hidden_layers + 1  # embeddings + one per block
         if not -n_states <= p.from_layer < n_states:
-            raise UserError(f"method 'mtp': from_layer must be in {-n_states}..{n_states - 1} for this "
-                            f"{n_states - 1}-layer model, got {p.from_layer}")
+            raise UserError(
+                f"method 'mtp': from_layer must be in {-n_states}..{n_states - 1} for this "
+                f"{n_states - 1}-layer model, got {p.from_layer}"
+            )
         ref = model.get_output_embeddings().weight
         model.mtp_heads = MTPHeads(hidden, p.k, p.head, p.from_layer).to(device=ref.device, dtype=ref.dtype)
         return model

@@ -55,8 +55,12 @@ def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Lin
             continue
         parts = name.split(".")
         is_lora = "lora_A" in parts or "lora_B" in parts
-        if target == "all_linear" or (target == "auto" and (is_lora if has_lora else True)) \
-                or (target == "lora" and is_lora) or (target == "base" and not is_lora):
+        if (
+            target == "all_linear"
+            or (target == "auto" and (is_lora if has_lora else True))
+            or (target == "lora" and is_lora)
+            or (target == "base" and not is_lora)
+        ):
             out.append((name, mod))
     return out
 

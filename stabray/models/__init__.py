@@ -1,3 +1,3 @@
-from stabray.models.build import ModelSpec, LoraSpec, build_model, load_tokenizer
+from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
 
 __all__ = ["ModelSpec", "LoraSpec", "build_model", "load_tokenizer"]

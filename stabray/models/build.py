@@ -86,18 +86,38 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
         if spec.family == "gpt2":
             from transformers import GPT2Config, GPT2LMHeadModel
 
-            cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=s["hidden_size"], n_layer=s["num_layers"],
-                             n_head=s["num_heads"], n_inner=s["intermediate_size"], n_positions=spec.max_positions,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id, attn_implementation="eager",
-                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **spec.extra)
+            cfg = GPT2Config(
+                vocab_size=len(tokenizer),
+                n_embd=s["hidden_size"],
+                n_layer=s["num_layers"],
+                n_head=s["num_heads"],
+                n_inner=s["intermediate_size"],
+                n_positions=spec.max_positions,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                attn_implementation="eager",
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                **spec.extra,
+            )
             return GPT2LMHeadModel(cfg)
         cfg = Qwen2Config(
-            vocab_size=len(tokenizer), hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
-            num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],
-            intermediate_size=s["intermediate_size"], max_position_embeddings=spec.max_positions,
-            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, attn_implementation="eager", **spec.extra)
+            vocab_size=len(tokenizer),
+            hidden_size=s["hidden_size"],
+            num_hidden_layers=s["num_layers"],
+            num_attention_heads=s["num_heads"],
+            num_key_value_heads=s["num_heads"],
+            intermediate_size=s["intermediate_size"],
+            max_position_embeddings=spec.max_positions,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            attn_implementation="eager",
+            **spec.extra,
+        )
         return Qwen2ForCausalLM(cfg)
     model = AutoModelForCausalLM.from_pretrained(spec.pretrained, attn_implementation="eager", **spec.extra)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
@@ -105,7 +125,14 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
     if spec.lora is not None:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(
-            r=spec.lora.rank, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-            target_modules=list(spec.lora.target_modules), task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=spec.lora.rank,
+                lora_alpha=spec.lora.alpha,
+                lora_dropout=spec.lora.dropout,
+                target_modules=list(spec.lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
     return model

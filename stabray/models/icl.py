@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ACTS = {"linear": lambda s: s, "cube": lambda s: s ** 3, "square": lambda s: s ** 2}
+ACTS = {"linear": lambda s: s, "cube": lambda s: s**3, "square": lambda s: s**2}
 
 
 def embed(X: torch.Tensor, y: torch.Tensor, thetas: torch.Tensor) -> torch.Tensor:
@@ -92,17 +92,19 @@ class ICLTransformer(nn.Module):
         return Zq + (self.W_pv @ (Z[:, None] @ phi)).sum(1)  # (B, D, k)
 
     def forward(self, X: torch.Tensor, y: torch.Tensor, thetas: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced predictions: thetas (B, k, d) = theta_0..theta_{k-1} -> predicted theta_1..theta_k (B, k, d)."""
+        """Teacher-forced predictions: thetas (B, k, d) = theta_0..theta_{k-1} -> predicted
+        theta_1..theta_k (B, k, d)."""
         d = self.d
-        return self.forward_Z(embed(X, y, thetas))[:, d + 1:2 * d + 1, :].transpose(1, 2)
+        return self.forward_Z(embed(X, y, thetas))[:, d + 1 : 2 * d + 1, :].transpose(1, 2)
 
     def next_theta(self, X, y, thetas) -> torch.Tensor:
         """The prediction from the last column only: (B, d)."""
         return self.forward(X, y, thetas)[:, -1]
 
     @torch.no_grad()
-    def generate(self, X, y, theta0: torch.Tensor, T: int, step_sigma: float = 0.0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self, X, y, theta0: torch.Tensor, T: int, step_sigma: float = 0.0, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Autoregressive chain from theta0 (B, d): (B, T+1, d) = theta_0, hat theta_1 .. hat theta_T.
         step_sigma > 0 adds N(0, sigma^2) to each generated iterate before it is fed back."""
         seq = theta0[:, None, :]
@@ -146,9 +148,18 @@ def construction(d: int, n: int, kind: str) -> tuple[torch.Tensor, torch.Tensor,
     return torch.stack([h[0] for h in heads]), torch.stack([h[1] for h in heads]), acts
 
 
-def build_icl_model(d: int, n: int, kind: str, eta: float, acts: tuple[str, ...], init: str = "random",
-                    init_scale: float = 0.05, init_gain: float = 0.5, seed: int = 0,
-                    weights: str = "full") -> ICLTransformer:
+def build_icl_model(
+    d: int,
+    n: int,
+    kind: str,
+    eta: float,
+    acts: tuple[str, ...],
+    init: str = "random",
+    init_scale: float = 0.05,
+    init_gain: float = 0.5,
+    seed: int = 0,
+    weights: str = "full",
+) -> ICLTransformer:
     model = ICLTransformer(d, n, acts, pv_scale_for(kind, eta), weights)
     g = torch.Generator().manual_seed(seed)
     D, h = 2 * d + 2, len(acts)

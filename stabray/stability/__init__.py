@@ -10,8 +10,24 @@ At the end:
 """
 
 from stabray.stability.decomposition import ROW_KEYS, decompose, inference_loss, weight_noise_stability
-from stabray.stability.jacobian import (EAFResult, EAFTracker, eaf_from_norms, estimate_eaf,
-                                        estimate_eaf_loop, rho_matrix)
+from stabray.stability.jacobian import (
+    EAFResult,
+    EAFTracker,
+    eaf_from_norms,
+    estimate_eaf,
+    estimate_eaf_loop,
+    rho_matrix,
+)
 
-__all__ = ["ROW_KEYS", "EAFResult", "EAFTracker", "decompose", "eaf_from_norms", "estimate_eaf",
-           "estimate_eaf_loop", "inference_loss", "rho_matrix", "weight_noise_stability"]
+__all__ = [
+    "ROW_KEYS",
+    "EAFResult",
+    "EAFTracker",
+    "decompose",
+    "eaf_from_norms",
+    "estimate_eaf",
+    "estimate_eaf_loop",
+    "inference_loss",
+    "rho_matrix",
+    "weight_noise_stability",
+]

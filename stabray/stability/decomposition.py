@@ -39,9 +39,17 @@ from typing import Callable
 
 import torch
 
-from stabray.data.encode import Encoded, Encoder
-from stabray.stability.jacobian import (_assemble, batched_norms, blocks_of, embedding_matrix, estimate_eaf,
-                                        measuring, probes_of, rho_matrix)
+from stabray.data.encode import Encoder
+from stabray.stability.jacobian import (
+    _assemble,
+    batched_norms,
+    blocks_of,
+    embedding_matrix,
+    estimate_eaf,
+    measuring,
+    probes_of,
+    rho_matrix,
+)
 from stabray.tasks.base import FINAL_SEP, STEP_SEP, Example
 
 ROW_KEYS = ("T", "loss_gap", "bound", "ratio", "first_order", "second_order", "C1", "C2", "eaf", "sum_eps")
@@ -59,10 +67,13 @@ def _greedy(model, encoder: Encoder, prompts: list[str], max_new_tokens: int) ->
 def _split(seq: list[int], sep: tuple[int, ...]) -> list[list[int]]:
     parts, cur, i = [], [], 0
     while i < len(seq):
-        if sep and tuple(seq[i:i + len(sep)]) == sep:
-            parts.append(cur); cur = []; i += len(sep)
+        if sep and tuple(seq[i : i + len(sep)]) == sep:
+            parts.append(cur)
+            cur = []
+            i += len(sep)
         else:
-            cur.append(seq[i]); i += 1
+            cur.append(seq[i])
+            i += 1
     parts.append(cur)
     return parts
 
@@ -91,11 +102,11 @@ def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: i
     res = []
     with torch.no_grad():
         for b0 in range(0, len(seqs), batch_size):
-            S, Tg = seqs[b0:b0 + batch_size], targets[b0:b0 + batch_size]
+            S, Tg = seqs[b0 : b0 + batch_size], targets[b0 : b0 + batch_size]
             L = max(len(s) for s in S)
             ids = torch.tensor([s + [s[-1]] * (L - len(s)) for s in S], device=dev)
             kw = method.model_inputs(model, ids, torch.ones_like(ids)) if method is not None else {"input_ids": ids}
-            logits = model(use_cache=False, **kw).logits[..., :E.shape[0]].float()
+            logits = model(use_cache=False, **kw).logits[..., : E.shape[0]].float()
             for b, (s, tg) in enumerate(zip(S, Tg)):
                 pos = torch.tensor([p - 1 for p in tg], device=dev)
                 y = torch.tensor([s[p] for p in tg], device=dev)
@@ -113,17 +124,37 @@ def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: i
 # ---------------------------------------------------------------- the decomposition
 
 
-def decompose(model, encoder: Encoder, examples: list[Example], *, iters: int = 10, token_cap: int = 8,
-              aggregation: str = "block", include_question: bool = False, c2_delta: float = 1e-2,
-              max_new_tokens: int | None = None, batch_size: int = 8, seed: int = 0) -> list[dict]:
+def decompose(
+    model,
+    encoder: Encoder,
+    examples: list[Example],
+    *,
+    iters: int = 10,
+    token_cap: int = 8,
+    aggregation: str = "block",
+    include_question: bool = False,
+    c2_delta: float = 1e-2,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> list[dict]:
     """Rows of Table 2 for T = 1 .. T_max (keys `ROW_KEYS`), plus nothing else."""
     encoded = [encoder.encode(e.question, e.steps, e.final) for e in examples]
     with measuring(model):
-        jac = estimate_eaf(model, encoded, iters=iters, token_cap=token_cap, aggregation=aggregation,
-                           include_question=include_question, batch_size=batch_size, seed=seed)
+        jac = estimate_eaf(
+            model,
+            encoded,
+            iters=iters,
+            token_cap=token_cap,
+            aggregation=aggregation,
+            include_question=include_question,
+            batch_size=batch_size,
+            seed=seed,
+        )
         probes = [probes_of(e, token_cap, "block", include_question) for e in encoded]
-        c2_sig = batched_norms(model, encoded, probes, iters=iters, batch_size=batch_size, seed=seed,
-                               delta_rel=c2_delta)
+        c2_sig = batched_norms(
+            model, encoded, probes, iters=iters, batch_size=batch_size, seed=seed, delta_rel=c2_delta
+        )
         c2_pairs = torch.nan_to_num(_assemble(probes, c2_sig, jac.T), nan=0.0).amax(0)  # (T+1, T+1)
 
         max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
@@ -136,17 +167,20 @@ def decompose(model, encoder: Encoder, examples: list[Example], *, iters: int = 
             for t in range(1, T_e + 1):
                 if not blocks[t]:
                     continue
-                true_ids = list(enc.input_ids[:blocks[t][-1] + 1])
-                seqs.append(true_ids); tgts.append(blocks[t]); keys.append((n, t, "true"))
+                true_ids = list(enc.input_ids[: blocks[t][-1] + 1])
+                seqs.append(true_ids)
+                tgts.append(blocks[t])
+                keys.append((n, t, "true"))
                 k = min(t - 1, len(gsteps))
-                pre = list(enc.input_ids[:enc.prompt_len])
+                pre = list(enc.input_ids[: enc.prompt_len])
                 for j in range(k):
                     pre += gsteps[j] + (list(encoder.ids(STEP_SEP)) if j < k - 1 else [])
                 if k:
                     pre += list(encoder.ids(STEP_SEP if t < T_e else FINAL_SEP))
                 block_ids = [enc.input_ids[p] for p in blocks[t]]
                 seqs.append(pre + block_ids)
-                tgts.append(list(range(len(pre), len(pre) + len(block_ids)))); keys.append((n, t, "gen"))
+                tgts.append(list(range(len(pre), len(pre) + len(block_ids))))
+                keys.append((n, t, "gen"))
         scores = dict(zip(keys, _score(model, seqs, tgts)))
 
     T_max = jac.T
@@ -165,31 +199,45 @@ def decompose(model, encoder: Encoder, examples: list[Example], *, iters: int = 
     rows = []
     for T in range(1, T_max + 1):
         first = c1[T] * sum(float(rho[t, T]) * eps[t] for t in range(1, T))
-        C2 = float(c2_pairs[:T + 1, :T + 1].max()) if T > 1 else 0.0
+        C2 = float(c2_pairs[: T + 1, : T + 1].max()) if T > 1 else 0.0
         second = c1[T] * C2 / 2 * sum(float(rho[t, T]) * sum(r[1:t]) ** 2 for t in range(2, T + 1))
         pairs = losses.get(T, [])
         gap = abs(sum(a for a, _ in pairs) / len(pairs) - sum(b for _, b in pairs) / len(pairs)) if pairs else 0.0
         if T == 1:
             gap = 0.0  # identical prefixes; removes float noise
         bound = first + second
-        eaf = float(rho[0 if include_question else 1:T, T].sum())
-        rows.append(dict(T=T, loss_gap=gap, bound=bound, ratio=bound / gap if gap > 0 else math.nan,
-                         first_order=first, second_order=second, C1=c1[T], C2=C2, eaf=eaf,
-                         sum_eps=float(sum(eps[1:T]))))
+        eaf = float(rho[0 if include_question else 1 : T, T].sum())
+        rows.append(
+            dict(
+                T=T,
+                loss_gap=gap,
+                bound=bound,
+                ratio=bound / gap if gap > 0 else math.nan,
+                first_order=first,
+                second_order=second,
+                C1=c1[T],
+                C2=C2,
+                eaf=eaf,
+                sum_eps=float(sum(eps[1:T])),
+            )
+        )
     return rows
 
 
 # ---------------------------------------------------------------- weight-noise stability
 
 
-def inference_loss(model, encoder: Encoder, examples: list[Example], max_new_tokens: int | None = None,
-                   method=None) -> float:
+def inference_loss(
+    model, encoder: Encoder, examples: list[Example], max_new_tokens: int | None = None, method=None
+) -> float:
     """Mean final-answer cross-entropy (EOS excluded) given the model's own greedy steps. With a
     method: its evaluation prompt, chain form, decoding and inputs (`Method.eval_prompt`,
     `eval_steps`, `generate`, `model_inputs`); without one, the question and the full chain."""
     prompts = [method.eval_prompt(e) for e in examples] if method is not None else [e.question for e in examples]
-    encoded = [encoder.encode(p, method.eval_steps(e) if method is not None else e.steps, e.final)
-               for p, e in zip(prompts, examples)]
+    encoded = [
+        encoder.encode(p, method.eval_steps(e) if method is not None else e.steps, e.final)
+        for p, e in zip(prompts, examples)
+    ]
     max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
     was = model.training
     model.eval()
@@ -201,21 +249,23 @@ def inference_loss(model, encoder: Encoder, examples: list[Example], max_new_tok
         seqs, tgts = [], []
         for enc, g in zip(encoded, gens):
             gsteps = parse_steps(g, encoder)
-            pre = list(enc.input_ids[:enc.prompt_len])
+            pre = list(enc.input_ids[: enc.prompt_len])
             for j, st in enumerate(gsteps):
                 pre += st + list(encoder.ids(STEP_SEP if j < len(gsteps) - 1 else FINAL_SEP))
             if not gsteps and enc.final_span[0] > enc.prompt_len:  # a chain answer without steps: "| final"
                 pre += list(encoder.ids(FINAL_SEP))
-            final = list(enc.input_ids[enc.final_span[0]:enc.final_span[1] - 1])
-            seqs.append(pre + final); tgts.append(list(range(len(pre), len(pre) + len(final))))
+            final = list(enc.input_ids[enc.final_span[0] : enc.final_span[1] - 1])
+            seqs.append(pre + final)
+            tgts.append(list(range(len(pre), len(pre) + len(final))))
         return sum(s[0] for s in _score(model, seqs, tgts, method=method)) / len(seqs)
     finally:
         model.train(was)
 
 
 @torch.no_grad()
-def weight_noise_stability(model, eval_fn: Callable[[torch.nn.Module], float], sigma: float = 0.005,
-                           seeds: int = 10) -> float:
+def weight_noise_stability(
+    model, eval_fn: Callable[[torch.nn.Module], float], sigma: float = 0.005, seeds: int = 10
+) -> float:
     """Mean increase of eval_fn(model) under isotropic Gaussian noise N(0, sigma^2) added to every
     parameter (Appendix B.2: sigma = 0.005, 10 seeds). Weights are restored bit for bit."""
     params = list(model.parameters())

@@ -9,7 +9,8 @@ input embeddings of block i's tokens at the ground-truth prefix (the model is fe
 
 Estimator. One spectral norm per (i, t) pair, t > i, by power iteration on J^T J with
 `torch.func.vjp` (J^T u) and a JVP (J v; the batched path takes it as the vjp of the linear vjp
-function, which reuses the saved forward graph and measured faster here than `torch.func.jvp`); the estimate after the last iteration is ||J^T J v|| / ||J v||,
+function, which reuses the saved forward graph and measured faster here than `torch.func.jvp`); the
+estimate after the last iteration is ||J^T J v|| / ||J v||,
 a lower bound of sigma_max that is at least as tight as ||J v||. All pairs of all examples in a
 batch run at once: the forward is done once per batch, `vjp`'s saved graph is reused across all
 iterations, and `vmap` carries one tangent per (pair, example) (a "probe"). The probes of one
@@ -96,7 +97,7 @@ def _outputs(model, E, keep: int, hidden: torch.Tensor | None, **kw):
     else:
         res = model(logits_to_keep=keep, output_hidden_states=True, **kw)
         logits = res.logits
-    probs = torch.softmax(logits[..., :E.shape[0]].float(), dim=-1)  # (B, keep, V)
+    probs = torch.softmax(logits[..., : E.shape[0]].float(), dim=-1)  # (B, keep, V)
     out = probs.to(E.dtype) @ E
     if hidden is not None:
         out = torch.where(hidden[..., None], res.hidden_states[-1][:, -keep:].to(E.dtype), out)
@@ -147,6 +148,7 @@ def blocks_of(enc: Encoded, token_cap: int) -> list[list[int]]:
 @dataclass
 class _Probes:
     """The probes of one example: each is (key, input positions, output positions)."""
+
     keys: list[tuple]  # (i, t) for block, (i, t, a, b) for token_mean
     ins: list[list[int]]
     outs: list[list[int]]  # positions whose prediction is compared (block start-1 ..)
@@ -164,11 +166,15 @@ def probes_of(enc: Encoded, token_cap: int, aggregation: str, include_question: 
                 continue
             pred = [p - 1 for p in blocks[t]]
             if aggregation == "block":
-                keys.append((i, t)); ins.append(blocks[i]); outs.append(pred)
+                keys.append((i, t))
+                ins.append(blocks[i])
+                outs.append(pred)
             else:
                 for a in blocks[i]:
                     for b in pred:
-                        keys.append((i, t, a, b)); ins.append([a]); outs.append([b])
+                        keys.append((i, t, a, b))
+                        ins.append([a])
+                        outs.append([b])
     length = blocks[T][-1] if blocks[T] else len(enc.input_ids) - 1
     return _Probes(keys, ins, outs, T, length)
 
@@ -184,8 +190,8 @@ def _index(lists: list[list[list[int]]], P: int, C: int, offset: list[int] | int
     for b, probes in enumerate(lists):
         off = offset[b] if isinstance(offset, list) else offset
         for p, pos in enumerate(probes):
-            idx[p, b, :len(pos)] = torch.tensor(pos) - off
-            ok[p, b, :len(pos)] = True
+            idx[p, b, : len(pos)] = torch.tensor(pos) - off
+            ok[p, b, : len(pos)] = True
     return idx, ok
 
 
@@ -205,8 +211,18 @@ def _norm(x):  # per (probe, example) norm of (P, B, C, d)
     return x.flatten(2).norm(dim=-1)
 
 
-def power_iteration(f, x: torch.Tensor, in_idx, in_ok, out_idx, out_ok, v0: torch.Tensor, iters: int,
-                    keep: int, x_minus: torch.Tensor | None = None):
+def power_iteration(
+    f,
+    x: torch.Tensor,
+    in_idx,
+    in_ok,
+    out_idx,
+    out_ok,
+    v0: torch.Tensor,
+    iters: int,
+    keep: int,
+    x_minus: torch.Tensor | None = None,
+):
     """Top singular value of every probe's block of df/dx at x (of df(x) - df(x_minus) when given).
 
     x: (B, L, d); in_idx/in_ok: (P, B, C) positions in L; out_idx/out_ok: (P, B, Co) positions in
@@ -253,6 +269,7 @@ class EAFTracker:
     """Keeps power-iteration vectors between calls, keyed by the example's index in `encoded`, so
     an evaluation set measured every epoch warm-starts from the previous epoch's vectors.
     `warm_iters` replaces `iters` for a batch whose examples all have stored vectors."""
+
     warm_iters: int = 3
     vectors: dict[int, torch.Tensor] = field(default_factory=dict)  # index -> (P_e, C, d), CPU
 
@@ -285,8 +302,8 @@ def rho_matrix(norms: torch.Tensor) -> torch.Tensor:
 def eaf_from_norms(norms: torch.Tensor, T: int | None = None, include_question: bool = False) -> float:
     """EAF = sum_{i<T} rho_i^(T) (i from 1, or 0 with the question), for the chain truncated to T."""
     T = norms.shape[0] - 1 if T is None else T
-    rho = rho_matrix(norms[:T + 1, :T + 1])
-    return float(rho[0 if include_question else 1:T, T].sum())
+    rho = rho_matrix(norms[: T + 1, : T + 1])
+    return float(rho[0 if include_question else 1 : T, T].sum())
 
 
 def _check(aggregation: str, iters: int, token_cap: int):
@@ -315,17 +332,30 @@ def _assemble(probes: list[_Probes], sig: list[torch.Tensor], T: int) -> torch.T
 
 
 def _result(per_example: torch.Tensor, T: int, include_question: bool) -> EAFResult:
-    norms = torch.nan_to_num(per_example, nan=-math.inf).amax(0) if len(per_example) else \
-        torch.zeros(T + 1, T + 1, dtype=torch.float64)
+    norms = (
+        torch.nan_to_num(per_example, nan=-math.inf).amax(0)
+        if len(per_example)
+        else torch.zeros(T + 1, T + 1, dtype=torch.float64)
+    )
     norms = torch.where(torch.isfinite(norms), norms, torch.zeros_like(norms))
     return EAFResult(eaf_from_norms(norms, T, include_question), norms, rho_matrix(norms), per_example, T)
 
 
-def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: int = 8,
-                 aggregation: str = "block", include_question: bool = False,
-                 tracker: EAFTracker | None = None, batch_size: int = 8,
-                 max_tangent_elems: int = 1 << 24, seed: int = 0, prefix_cache: bool = True,
-                 method=None) -> EAFResult:
+def estimate_eaf(
+    model,
+    encoded: list[Encoded],
+    *,
+    iters: int = 10,
+    token_cap: int = 8,
+    aggregation: str = "block",
+    include_question: bool = False,
+    tracker: EAFTracker | None = None,
+    batch_size: int = 8,
+    max_tangent_elems: int = 1 << 24,
+    seed: int = 0,
+    prefix_cache: bool = True,
+    method=None,
+) -> EAFResult:
     """EAF and the per-pair spectral norms over `encoded` (see the module docstring).
 
     method: a method with latent thoughts (Coconut) feeds the model its filled latents
@@ -342,8 +372,18 @@ def estimate_eaf(model, encoded: list[Encoded], *, iters: int = 10, token_cap: i
         method = None
     probes = [probes_of(e, token_cap, aggregation, include_question) for e in encoded]
     T = max((p.T for p in probes), default=0)
-    sig = batched_norms(model, encoded, probes, iters=iters, tracker=tracker, batch_size=batch_size,
-                        max_tangent_elems=max_tangent_elems, seed=seed, prefix_cache=prefix_cache, method=method)
+    sig = batched_norms(
+        model,
+        encoded,
+        probes,
+        iters=iters,
+        tracker=tracker,
+        batch_size=batch_size,
+        max_tangent_elems=max_tangent_elems,
+        seed=seed,
+        prefix_cache=prefix_cache,
+        method=method,
+    )
     return _result(_assemble(probes, sig, T), T, include_question)
 
 
@@ -352,6 +392,7 @@ def _chunks(probes: list[_Probes], idxs: list[int], Pmax: int, prefix_cache: boo
     starts at the same position share a chunk (probes are ordered by input block i), so each
     chunk differentiates only from its own block i on (`split`; 0 without the prefix cache) up to its
     last output position (`end`). `max_rows` bounds probes x (end - split) per chunk."""
+
     def start(p):
         return min(probes[n].ins[p][0] for n in idxs if p < len(probes[n].ins))
 
@@ -376,10 +417,20 @@ def with_latent_steps(enc: Encoded, slots: list[int]) -> Encoded:
     return dataclasses.replace(enc, step_spans=tuple(sorted([*enc.step_spans, *((p, p + 1) for p in slots)])))
 
 
-def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters: int,
-                  tracker: EAFTracker | None = None, batch_size: int = 8, max_tangent_elems: int = 1 << 24,
-                  seed: int = 0, delta_rel: float | None = None, prefix_cache: bool = True,
-                  method=None) -> list[torch.Tensor]:
+def batched_norms(
+    model,
+    encoded: list[Encoded],
+    probes: list[_Probes],
+    *,
+    iters: int,
+    tracker: EAFTracker | None = None,
+    batch_size: int = 8,
+    max_tangent_elems: int = 1 << 24,
+    seed: int = 0,
+    delta_rel: float | None = None,
+    prefix_cache: bool = True,
+    method=None,
+) -> list[torch.Tensor]:
     """Spectral norm of every probe of every example: a list of (P_e,) tensors.
 
     With `delta_rel`, each example's input embeddings at its probes' input positions are perturbed
@@ -394,7 +445,7 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
     order = sorted(range(len(encoded)), key=lambda n: probes[n].length)  # similar lengths together
     with measuring(model):
         for b0 in range(0, len(order), batch_size):
-            idxs = [n for n in order[b0:b0 + batch_size] if probes[n].keys]
+            idxs = [n for n in order[b0 : b0 + batch_size] if probes[n].keys]
             if not idxs:
                 continue
             L = max(probes[n].length for n in idxs)
@@ -422,8 +473,9 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
             Co = max(len(p) for n in idxs for p in probes[n].outs)
             Pmax = max(len(probes[n].keys) for n in idxs)
             warm = [tracker.get(n, (len(probes[n].keys), C, d)) if tracker is not None else None for n in idxs]
-            starts = [w if w is not None else _start_vectors(seed, n, len(probes[n].keys), C, d)
-                      for w, n in zip(warm, idxs)]
+            starts = [
+                w if w is not None else _start_vectors(seed, n, len(probes[n].keys), C, d) for w, n in zip(warm, idxs)
+            ]
             k_iters = tracker.warm_iters if tracker is not None and all(w is not None for w in warm) else iters
             sig_b = torch.zeros(Pmax, len(idxs))
             v_b = torch.zeros(Pmax, len(idxs), C, d)
@@ -455,10 +507,19 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
                 out_idx, out_ok = _index([probes[n].outs[p0:p1] for n in idxs], p1 - p0, Co, offset=first_out)
                 v0 = torch.zeros(p1 - p0, len(idxs), C, d)
                 for b, s0 in enumerate(starts):
-                    v0[:s0[p0:p1].shape[0], b] = s0[p0:p1]
-                s_, v_ = power_iteration(fs, xs[0], in_idx.to(dev), in_ok.to(dev), out_idx.to(dev), out_ok.to(dev),
-                                         v0.to(dev, E.dtype), k_iters, keep,
-                                         x_minus=xs[1] if len(xs) > 1 else None)
+                    v0[: s0[p0:p1].shape[0], b] = s0[p0:p1]
+                s_, v_ = power_iteration(
+                    fs,
+                    xs[0],
+                    in_idx.to(dev),
+                    in_ok.to(dev),
+                    out_idx.to(dev),
+                    out_ok.to(dev),
+                    v0.to(dev, E.dtype),
+                    k_iters,
+                    keep,
+                    x_minus=xs[1] if len(xs) > 1 else None,
+                )
                 sig_b[p0:p1], v_b[p0:p1] = s_.float().cpu(), v_.float().cpu()
             if scale is not None:
                 sig_b = sig_b / scale.clamp_min(1e-30)[None]
@@ -470,8 +531,16 @@ def batched_norms(model, encoded: list[Encoded], probes: list[_Probes], *, iters
     return sig
 
 
-def estimate_eaf_loop(model, encoded: list[Encoded], *, iters: int = 10, token_cap: int = 8,
-                      aggregation: str = "block", include_question: bool = False, seed: int = 0) -> EAFResult:
+def estimate_eaf_loop(
+    model,
+    encoded: list[Encoded],
+    *,
+    iters: int = 10,
+    token_cap: int = 8,
+    aggregation: str = "block",
+    include_question: bool = False,
+    seed: int = 0,
+) -> EAFResult:
     """Reference: a Python loop over examples and pairs, one jvp and one vjp (each with its own
     forward) per iteration, as in the paper's code. Same start vectors as `estimate_eaf`."""
     _check(aggregation, iters, token_cap)
@@ -483,8 +552,9 @@ def estimate_eaf_loop(model, encoded: list[Encoded], *, iters: int = 10, token_c
     with measuring(model):
         for n, (enc, pr) in enumerate(zip(encoded, probes)):
             if not pr.keys:
-                sig.append(torch.zeros(0)); continue
-            x = E[torch.tensor(enc.input_ids[:pr.length], device=dev)][None]  # (1, L, d)
+                sig.append(torch.zeros(0))
+                continue
+            x = E[torch.tensor(enc.input_ids[: pr.length], device=dev)][None]  # (1, L, d)
             keep = pr.length - min(o[0] for o in pr.outs)
             f = expected_embedding_fn(model, keep)
             C = max(len(p) for p in pr.ins)
@@ -493,13 +563,15 @@ def estimate_eaf_loop(model, encoded: list[Encoded], *, iters: int = 10, token_c
             for p, (ins, outs) in enumerate(zip(pr.ins, pr.outs)):
                 ii = torch.tensor(ins, device=dev)
                 oo = torch.tensor(outs, device=dev) - (pr.length - keep)
-                v = starts[p, :len(ins)].to(dev, E.dtype)
+                v = starts[p, : len(ins)].to(dev, E.dtype)
                 v = v / v.norm()
                 s = 0.0
                 for _ in range(iters):
-                    t = torch.zeros_like(x); t[0, ii] = v
+                    t = torch.zeros_like(x)
+                    t[0, ii] = v
                     u = jvp(f, (x,), (t,))[1][0, oo]
-                    c = torch.zeros(1, keep, d, dtype=x.dtype, device=dev); c[0, oo] = u
+                    c = torch.zeros(1, keep, d, dtype=x.dtype, device=dev)
+                    c[0, oo] = u
                     w = vjp(f, x)[1](c)[0][0, ii]
                     s = float(w.norm() / u.norm().clamp_min(1e-30))
                     v = w / w.norm().clamp_min(1e-30)

@@ -1,9 +1,13 @@
 """Task registry. Importing this package registers every task."""
 
+from stabray.tasks import (  # noqa: F401  (planning tasks: star graph, trees, countdown, 3-SAT)
+    clrs,  # noqa: F401  (registers the CLRS-Text tasks)
+    countdown,
+    icl,  # noqa: F401  (in-context GD steps: icl_linear, icl_quadratic; own runner)
+    lego,  # noqa: F401  (registers the LEGO tasks)
+    paths,
+    sat3,
+)
 from stabray.tasks.base import TASKS, Example, Task, extract_final, get_task, normalize_answer
-from stabray.tasks import clrs  # noqa: F401  (registers the CLRS-Text tasks)
-from stabray.tasks import lego  # noqa: F401  (registers the LEGO tasks)
-from stabray.tasks import countdown, paths, sat3  # noqa: F401  (planning tasks: star graph, trees, countdown, 3-SAT)
-from stabray.tasks import icl  # noqa: F401  (in-context GD steps: icl_linear, icl_quadratic; own runner)
 
 __all__ = ["TASKS", "Example", "Task", "extract_final", "get_task", "normalize_answer"]

@@ -48,8 +48,13 @@ class Example:
         return self.render_answer(self.steps)
 
     def to_record(self) -> dict[str, Any]:
-        return {"question": self.question, "steps": list(self.steps), "final": self.final,
-                "answer": self.answer, "question_nohint": self.question_nohint}
+        return {
+            "question": self.question,
+            "steps": list(self.steps),
+            "final": self.final,
+            "answer": self.answer,
+            "question_nohint": self.question_nohint,
+        }
 
 
 _TOKEN = re.compile(r"\d+\.\d+|\d+|[A-Za-z_]+|[^\s\w]")
@@ -97,7 +102,9 @@ class Task:
 
     def check_size(self, size: int) -> None:
         if not isinstance(size, (int, np.integer)) or size < self.min_size:
-            raise UserError(f"task {self.name!r}: {self.size_field} must be an integer >= {self.min_size}, got {size!r}")
+            raise UserError(
+                f"task {self.name!r}: {self.size_field} must be an integer >= {self.min_size}, got {size!r}"
+            )
 
     def long_sizes(self) -> dict[str, int]:
         """Length-generalization sizes: 10% and 20% longer inputs (rounded up, at least +1, +2)."""
@@ -119,8 +126,10 @@ class Task:
         """Accuracy of each trivial rule on `examples` (empty when the task names none)."""
         if not examples:
             return {}
-        return {name: sum(self.is_correct(e, rule(e)) for e in examples) / len(examples)
-                for name, rule in self.trivial_baselines().items()}
+        return {
+            name: sum(self.is_correct(e, rule(e)) for e in examples) / len(examples)
+            for name, rule in self.trivial_baselines().items()
+        }
 
     def describe(self) -> dict[str, Any]:
         return {"task": self.name, "version": self.version, **dataclasses.asdict(self.params)}

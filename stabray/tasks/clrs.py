@@ -50,8 +50,9 @@ def truncate(a: np.ndarray, decimals: int) -> np.ndarray:
     return np.trunc(a * scale) / scale
 
 
-def sample_graph(rng: np.random.RandomState, n: int, *, directed: bool, weighted: bool, p: float,
-                 decimals: int) -> np.ndarray:
+def sample_graph(
+    rng: np.random.RandomState, n: int, *, directed: bool, weighted: bool, p: float, decimals: int
+) -> np.ndarray:
     """Adjacency matrix in CLRS's random-number order; weights truncated to `decimals` places."""
     mat = rng.binomial(1, p, (n, n))
     if not directed:
@@ -120,8 +121,9 @@ class CLRSTask(Task):
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
         self.check_size(size)
         n = int(size)
-        A = sample_graph(rng, n, directed=self.directed, weighted=self.weighted, p=self.params.p,
-                         decimals=self.params.decimals)
+        A = sample_graph(
+            rng, n, directed=self.directed, weighted=self.weighted, p=self.params.p, decimals=self.params.decimals
+        )
         s = int(rng.choice(n)) if self.has_source else None
         trace = self.run(A, s)
         return self.render(A, s, trace)

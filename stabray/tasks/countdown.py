@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from stabray.errors import UserError
-from stabray.tasks.base import TASKS, Example, Task, _TOKEN
+from stabray.tasks.base import _TOKEN, TASKS, Example, Task
 
 OPS = ("+", "-", "*", "/")
 
@@ -79,7 +79,7 @@ def expression(numbers: list[int], ops: list[tuple[int, str, int, int]]) -> str:
         ib = next(k for k, (v, _) in enumerate(pool) if v == b)
         tb = pool.pop(ib)[1]
         pool.append((r, f"({ta} {op} {tb})"))
-    (_, text), = pool
+    ((_, text),) = pool
     return text[1:-1] if text.startswith("(") else text
 
 
@@ -178,8 +178,9 @@ class Countdown(Task):
     def check_size(self, size: int) -> None:
         super().check_size(size)
         if size > 8:
-            raise UserError(f"task {self.name!r}: n_numbers must be <= 8 (the solver's search grows "
-                            f"factorially), got {size}")
+            raise UserError(
+                f"task {self.name!r}: n_numbers must be <= 8 (the solver's search grows factorially), got {size}"
+            )
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
         self.check_size(size)
@@ -200,10 +201,13 @@ class Countdown(Task):
         ops = solve(numbers, target)
         assert ops is not None  # the planted solution exists
         head = f"{self.name}:\nnumbers: [{' '.join(map(str, numbers))}], target: {target}\n"
-        return Example(question=head + "trace | expression:\n",
-                       steps=tuple(f"{a} {op} {b} = {r}" for a, op, b, r in ops),
-                       final=expression(numbers, ops), question_nohint=head + "expression:\n",
-                       meta={"n": int(size), "numbers": numbers, "target": target})
+        return Example(
+            question=head + "trace | expression:\n",
+            steps=tuple(f"{a} {op} {b} = {r}" for a, op, b, r in ops),
+            final=expression(numbers, ops),
+            question_nohint=head + "expression:\n",
+            meta={"n": int(size), "numbers": numbers, "target": target},
+        )
 
     def is_correct(self, example: Example, predicted_final: str) -> bool:
         numbers, target = parse_question(example.question)

@@ -33,6 +33,7 @@ from stabray.tasks.base import TASKS, Example, Task
 @dataclass(frozen=True)
 class ICLArrays:
     """One split. Shapes: X (N, d, n), y (N, n), theta_star (N, d), thetas (N, T+1, d) = theta_0..theta_T."""
+
     X: np.ndarray
     y: np.ndarray
     theta_star: np.ndarray
@@ -47,7 +48,9 @@ class ICLParams:
     T_max: int = 20  # GD steps per training chain (the long splits run 10% / 20% more)
     alpha0: float = 0.0  # theta_0 = alpha0 * theta* (0: start at the origin)
     heads: str = "linear"  # comma-separated activations of the heads: linear, cube, square
-    init: str = "random"  # model init: random (N(0, init_scale^2) entries) or aligned (Lemma 3.3 weights x init_gain + noise)
+    init: str = (
+        "random"  # model init: random (N(0, init_scale^2) entries) or aligned (Lemma 3.3 weights x init_gain + noise)
+    )
     init_scale: float = 0.05  # std of the random init entries (or of the noise added to the aligned init)
     init_gain: float = 0.5  # aligned init: the construction scaled by this (the paper's lambda_K = lambda_V start)
     input_sigma: float = 0.002  # Figure 3: std of the Gaussian noise added to each fed-back iterate
@@ -97,12 +100,16 @@ class ICLTask(Task):
             raise UserError(f"task {self.name!r}: eta must be > 0, got {p.eta}")
         bad = [h for h in self.head_acts if h not in ACTIVATIONS]
         if bad or not self.head_acts:
-            raise UserError(f"task {self.name!r}: heads must be a comma-separated list of {ACTIVATIONS}, got {p.heads!r}")
+            raise UserError(
+                f"task {self.name!r}: heads must be a comma-separated list of {ACTIVATIONS}, got {p.heads!r}"
+            )
         if p.weights not in ("full", "blocks"):
             raise UserError(f"task {self.name!r}: weights must be 'full' or 'blocks', got {p.weights!r}")
         if p.optimizer not in ("adamw", "lbfgs") or p.lbfgs_iters < 1:
-            raise UserError(f"task {self.name!r}: optimizer must be 'adamw' or 'lbfgs' (lbfgs_iters >= 1), "
-                            f"got {p.optimizer!r} / {p.lbfgs_iters}")
+            raise UserError(
+                f"task {self.name!r}: optimizer must be 'adamw' or 'lbfgs' (lbfgs_iters >= 1), "
+                f"got {p.optimizer!r} / {p.lbfgs_iters}"
+            )
         if p.loss not in ("abs", "step"):
             raise UserError(f"task {self.name!r}: loss must be 'abs' or 'step', got {p.loss!r}")
         if p.init not in ("random", "aligned"):
@@ -119,7 +126,7 @@ class ICLTask(Task):
     def g(self, theta: np.ndarray, X: np.ndarray) -> np.ndarray:
         """g_theta(x_k) for every k: theta (N, d), X (N, d, n) -> (N, n)."""
         a = np.einsum("bd,bdn->bn", theta, X)
-        return a if self.kind == "linear" else a ** 2
+        return a if self.kind == "linear" else a**2
 
     def gd_step(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         p = self.params
@@ -141,14 +148,19 @@ class ICLTask(Task):
         return ICLArrays(X, y, theta_star, np.stack(thetas, 1))
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
-        gen = np.random.default_rng(rng.randint(2 ** 31))
+        gen = np.random.default_rng(rng.randint(2**31))
         a = self.sample_arrays(gen, 1, size)
         vec = lambda v: "[" + " ".join(f"{x:.3f}" for x in v) + "]"  # noqa: E731
         ctx = ", ".join(f"{vec(a.X[0, :, k])} -> {a.y[0, k]:.3f}" for k in range(self.params.n))
         q = f"{self.name}:\nexamples: {ctx}, theta_0: {vec(a.thetas[0, 0])}\n"
         steps = tuple(vec(t) for t in a.thetas[0, 1:-1])
-        return Example(question=q + "trace | theta:\n", steps=steps, final=vec(a.thetas[0, -1]),
-                       question_nohint=q + "theta:\n", meta={"theta_star": a.theta_star[0].tolist()})
+        return Example(
+            question=q + "trace | theta:\n",
+            steps=steps,
+            final=vec(a.thetas[0, -1]),
+            question_nohint=q + "theta:\n",
+            meta={"theta_star": a.theta_star[0].tolist()},
+        )
 
 
 @TASKS.register("icl_linear")

@@ -64,8 +64,10 @@ class LegoTask(Task):
     def check_size(self, size: int) -> None:
         super().check_size(size)
         if size > self.max_size:
-            raise UserError(f"task {self.name!r}: {self.size_field} must be <= {self.max_size} "
-                            f"(one letter per variable), got {size!r}")
+            raise UserError(
+                f"task {self.name!r}: {self.size_field} must be <= {self.max_size} "
+                f"(one letter per variable), got {size!r}"
+            )
 
     # group hooks: a random root value, a random operation, apply, and text
     def random_value(self, rng: np.random.RandomState):

@@ -56,11 +56,17 @@ class PathTask(Task):
 
     output = "path"
 
-    def render(self, edges: list[tuple[int, int]], ends: str, steps: list[int], final: list[int],
-               meta: dict) -> Example:
+    def render(
+        self, edges: list[tuple[int, int]], ends: str, steps: list[int], final: list[int], meta: dict
+    ) -> Example:
         head = f"{self.name}:\nedges: {fmt_edges(edges)}, {ends}\n"
-        return Example(question=head + f"trace | {self.output}:\n", steps=tuple(str(v) for v in steps),
-                       final=fmt_path(final), question_nohint=head + f"{self.output}:\n", meta=meta)
+        return Example(
+            question=head + f"trace | {self.output}:\n",
+            steps=tuple(str(v) for v in steps),
+            final=fmt_path(final),
+            question_nohint=head + f"{self.output}:\n",
+            meta=meta,
+        )
 
 
 # ---------------------------------------------------------------------------------- star graph
@@ -99,21 +105,27 @@ class StarGraph(PathTask):
                 raise UserError(f"task {self.name!r}: degree must be >= 2, got {p.degree}")
             need = 1 + p.degree * (size - 1)
             if need > p.pool:
-                raise UserError(f"task {self.name!r}: {need} nodes at path_len={size}, degree={p.degree} "
-                                f"do not fit in pool={p.pool}")
+                raise UserError(
+                    f"task {self.name!r}: {need} nodes at path_len={size}, degree={p.degree} "
+                    f"do not fit in pool={p.pool}"
+                )
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
         self.check_size(size)
-        d, l = self.params.degree, int(size)
-        labels = rng.choice(self.params.pool, 1 + d * (l - 1), replace=False).tolist()
+        d, length = self.params.degree, int(size)
+        labels = rng.choice(self.params.pool, 1 + d * (length - 1), replace=False).tolist()
         source = labels[0]
-        arms = [[source] + labels[1 + a * (l - 1):1 + (a + 1) * (l - 1)] for a in range(d)]
+        arms = [[source] + labels[1 + a * (length - 1) : 1 + (a + 1) * (length - 1)] for a in range(d)]
         goal_arm = int(rng.randint(d))
-        edges = [(arm[i], arm[i + 1]) for arm in arms for i in range(l - 1)]
+        edges = [(arm[i], arm[i + 1]) for arm in arms for i in range(length - 1)]
         path = arms[goal_arm]
-        return self.render(shuffled(rng, edges), f"source: {source}, goal: {path[-1]}", path[1:-1], path,
-                           meta={"n": l, "source": source, "goal": path[-1], "path": path,
-                                 "edges": [list(e) for e in edges]})
+        return self.render(
+            shuffled(rng, edges),
+            f"source: {source}, goal: {path[-1]}",
+            path[1:-1],
+            path,
+            meta={"n": length, "source": source, "goal": path[-1], "path": path, "edges": [list(e) for e in edges]},
+        )
 
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
         def lowest_arm(ex: Example) -> str:
@@ -145,7 +157,7 @@ def sample_tree(rng: np.random.RandomState, depth: int, pool: int) -> tuple[list
     n = 2 ** (depth + 1) - 1
     labels = rng.choice(pool, n, replace=False).tolist()  # labels[i] is heap node i (children 2i+1, 2i+2)
     edges = [(labels[(i - 1) // 2], labels[i]) for i in range(1, n)]
-    leaf = (2 ** depth - 1) + int(rng.randint(2 ** depth))
+    leaf = (2**depth - 1) + int(rng.randint(2**depth))
     heap_path = [leaf]
     while heap_path[-1]:
         heap_path.append((heap_path[-1] - 1) // 2)
@@ -161,8 +173,9 @@ class TreeTask(PathTask):
         super().check_size(size)
         p = self.params if hasattr(self, "params") else None
         if p is not None and 2 ** (size + 1) - 1 > p.pool:
-            raise UserError(f"task {self.name!r}: a depth-{size} tree has {2 ** (size + 1) - 1} nodes, "
-                            f"more than pool={p.pool}")
+            raise UserError(
+                f"task {self.name!r}: a depth-{size} tree has {2 ** (size + 1) - 1} nodes, more than pool={p.pool}"
+            )
 
     def arrange(self, down: list[int]) -> tuple[list[int], list[int]]:
         """(steps, final) from the root-to-goal path."""
@@ -172,9 +185,13 @@ class TreeTask(PathTask):
         self.check_size(size)
         edges, down = sample_tree(rng, int(size), self.params.pool)
         steps, final = self.arrange(down)
-        return self.render(shuffled(rng, edges), f"root: {down[0]}, goal: {down[-1]}", steps, final,
-                           meta={"n": int(size), "root": down[0], "goal": down[-1], "path": down,
-                                 "edges": [list(e) for e in edges]})
+        return self.render(
+            shuffled(rng, edges),
+            f"root: {down[0]}, goal: {down[-1]}",
+            steps,
+            final,
+            meta={"n": int(size), "root": down[0], "goal": down[-1], "path": down, "edges": [list(e) for e in edges]},
+        )
 
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
         def lower_child(ex: Example) -> str:

@@ -29,13 +29,13 @@ from typing import Callable
 import numpy as np
 
 from stabray.errors import UserError
-from stabray.tasks.base import TASKS, Example, Task, _TOKEN
+from stabray.tasks.base import _TOKEN, TASKS, Example, Task
 
 Clause = tuple[int, ...]  # signed variable indices, e.g. (1, -3, 4)
 
 
 def satisfied(clause: Clause, assign: dict[int, int]) -> bool:
-    return any(assign.get(abs(l)) == (l > 0) for l in clause)
+    return any(assign.get(abs(lit)) == (lit > 0) for lit in clause)
 
 
 def dpll(n: int, clauses: list[Clause]) -> tuple[list[str], dict[int, int] | None]:
@@ -48,7 +48,7 @@ def dpll(n: int, clauses: list[Clause]) -> tuple[list[str], dict[int, int] | Non
             for c in clauses:
                 if satisfied(c, assign):
                     continue
-                free = [l for l in c if abs(l) not in assign]
+                free = [lit for lit in c if abs(lit) not in assign]
                 if not free:
                     trace.append("conflict")
                     return False
@@ -63,7 +63,9 @@ def dpll(n: int, clauses: list[Clause]) -> tuple[list[str], dict[int, int] | Non
     def search() -> bool:
         if not propagate():
             return False
-        open_vars = sorted({abs(l) for c in clauses if not satisfied(c, assign) for l in c if abs(l) not in assign})
+        open_vars = sorted(
+            {abs(lit) for c in clauses if not satisfied(c, assign) for lit in c if abs(lit) not in assign}
+        )
         if not open_vars:
             return True
         v = open_vars[0]
@@ -84,7 +86,7 @@ def dpll(n: int, clauses: list[Clause]) -> tuple[list[str], dict[int, int] | Non
 
 
 def fmt_clause(c: Clause) -> str:
-    return "(" + " ".join(str(l) for l in c) + ")"
+    return "(" + " ".join(str(lit) for lit in c) + ")"
 
 
 def parse_question(question: str) -> tuple[int, list[Clause]]:
@@ -149,10 +151,13 @@ class Sat3(Task):
         trace, found = dpll(n, clauses)
         assert found is not None  # the planted assignment satisfies every clause
         head = f"{self.name}:\nvars: {n}, clauses: {' '.join(fmt_clause(c) for c in clauses)}\n"
-        return Example(question=head + "trace | assignment:\n", steps=tuple(trace),
-                       final="[" + " ".join(str(found[v]) for v in range(1, n + 1)) + "]",
-                       question_nohint=head + "assignment:\n",
-                       meta={"n": n, "clauses": [list(c) for c in clauses], "planted": [planted[v] for v in range(1, n + 1)]})
+        return Example(
+            question=head + "trace | assignment:\n",
+            steps=tuple(trace),
+            final="[" + " ".join(str(found[v]) for v in range(1, n + 1)) + "]",
+            question_nohint=head + "assignment:\n",
+            meta={"n": n, "clauses": [list(c) for c in clauses], "planted": [planted[v] for v in range(1, n + 1)]},
+        )
 
     def is_correct(self, example: Example, predicted_final: str) -> bool:
         n, clauses = parse_question(example.question)
@@ -161,4 +166,3 @@ class Sat3(Task):
 
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
         return {"every variable 1": lambda ex: "[" + " ".join(["1"] * parse_question(ex.question)[0]) + "]"}
-

@@ -25,7 +25,7 @@ def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: 
     if not uri:
         return "sqlite:///" + str((Path(cwd or os.getcwd()) / "mlflow.db").absolute())
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        rel = uri[len("sqlite:///"):]
+        rel = uri[len("sqlite:///") :]
         uri = "sqlite:///" + str((Path(cwd or os.getcwd()) / rel).absolute())
     elif "://" not in uri:  # a bare path to a database file
         uri = "sqlite:///" + str(Path(uri).absolute())
@@ -64,16 +64,25 @@ class Store:
 
     def start_group(self, parent_id: str, method: str) -> str:
         """A run that groups one method's trials inside a multi-method sweep."""
-        run = self.client.create_run(self.experiment_id, run_name=method,
-                                     tags={PARENT: parent_id, ROLE: "method", "stabray.method": method})
+        run = self.client.create_run(
+            self.experiment_id, run_name=method, tags={PARENT: parent_id, ROLE: "method", "stabray.method": method}
+        )
         return run.info.run_id
 
-    def start_child(self, parent_id: str, trial_id: str, run_name: str, params: dict[str, Any],
-                    tags: dict[str, str], config: dict[str, Any]) -> str:
+    def start_child(
+        self,
+        parent_id: str,
+        trial_id: str,
+        run_name: str,
+        params: dict[str, Any],
+        tags: dict[str, str],
+        config: dict[str, Any],
+    ) -> str:
         from mlflow.entities import Param
 
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
-                                     tags={PARENT: parent_id, ROLE: "trial", TRIAL_ID: trial_id, **tags})
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={PARENT: parent_id, ROLE: "trial", TRIAL_ID: trial_id, **tags}
+        )
         rid = run.info.run_id
         self.client.log_batch(rid, params=[Param(k, str(v)[:6000]) for k, v in params.items() if v is not None])
         self.client.log_dict(rid, config, "trial_config.json")
@@ -104,12 +113,16 @@ class Store:
         self.client.set_terminated(run_id, status=status)
 
     def children(self, parent_id: str) -> list:
-        return self.client.search_runs([self.experiment_id], filter_string=f"tags.`{PARENT}` = '{parent_id}'",
-                                       max_results=10000)
+        return self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{PARENT}` = '{parent_id}'", max_results=10000
+        )
 
     def find_child(self, parent_id: str, trial_id: str) -> str | None:
-        runs = self.client.search_runs([self.experiment_id], filter_string=(
-            f"tags.`{PARENT}` = '{parent_id}' and tags.`{TRIAL_ID}` = '{trial_id}'"), max_results=1)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(f"tags.`{PARENT}` = '{parent_id}' and tags.`{TRIAL_ID}` = '{trial_id}'"),
+            max_results=1,
+        )
         return runs[0].info.run_id if runs else None
 
     def last_step(self, run_id: str, key: str) -> int:
@@ -118,14 +131,18 @@ class Store:
         return max((m.step for m in hist), default=0)
 
     def latest_parent(self, sweep: str):
-        runs = self.client.search_runs([self.experiment_id],
-                                       filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'",
-                                       order_by=["attributes.start_time DESC"], max_results=1)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         return runs[0] if runs else None
 
 
-def log_artifacts(run_id: str, local_dir: str | Path, artifact_path: str | None = None,
-                  tracking_uri: str | None = None) -> None:
+def log_artifacts(
+    run_id: str, local_dir: str | Path, artifact_path: str | None = None, tracking_uri: str | None = None
+) -> None:
     """Upload a folder's files to a run (stability tables, reports)."""
     _client(resolve_tracking_uri(tracking_uri)).log_artifacts(run_id, str(local_dir), artifact_path)
 
@@ -146,7 +163,9 @@ def checkpoint_dir_of(run_id: str, tracking_uri: str | None = None) -> str:
     if not path:
         raise UserError(f"run {run_id} recorded no checkpoint (tag {CHECKPOINT}); is it a stabray trial?")
     if not Path(path).exists():
-        raise UserError(f"run {run_id}'s checkpoint {path} is not on this machine (copy it here, then pass the directory)")
+        raise UserError(
+            f"run {run_id}'s checkpoint {path} is not on this machine (copy it here, then pass the directory)"
+        )
     return path
 
 

@@ -75,9 +75,15 @@ class ICLTrainer:
         self.epoch = 0
         self.lbfgs = run.p.optimizer == "lbfgs"
         if self.lbfgs:
-            self.optimizer = torch.optim.LBFGS(run.model.parameters(), lr=cfg.lr, max_iter=run.p.lbfgs_iters,
-                                               history_size=50, line_search_fn="strong_wolfe",
-                                               tolerance_grad=1e-12, tolerance_change=1e-14)
+            self.optimizer = torch.optim.LBFGS(
+                run.model.parameters(),
+                lr=cfg.lr,
+                max_iter=run.p.lbfgs_iters,
+                history_size=50,
+                line_search_fn="strong_wolfe",
+                tolerance_grad=1e-12,
+                tolerance_change=1e-14,
+            )
             self.steps_per_epoch, self.scheduler = 1, None
             return
         self.optimizer = torch.optim.AdamW(run.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -118,7 +124,7 @@ class ICLTrainer:
         run.model.train()
         losses, t0 = [], time.perf_counter()
         for b in range(self.steps_per_epoch):
-            idx = torch.as_tensor(order[b * cfg.batch_size:(b + 1) * cfg.batch_size])
+            idx = torch.as_tensor(order[b * cfg.batch_size : (b + 1) * cfg.batch_size])
             if len(idx) == 0:
                 break
             X, y, _, th = (a[idx] for a in data)
@@ -136,8 +142,11 @@ class ICLTrainer:
         return {"train_loss": float(np.mean(losses)), "epoch_time_s": time.perf_counter() - t0}
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None, "epoch": self.epoch}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "epoch": self.epoch,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -151,8 +160,10 @@ class ICLRun:
         self.cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
         c = self.cfg
         if c.method.name not in ("sft_cot",) or c.method.params:
-            raise UserError(f"task {c.task.name!r} trains on teacher-forced GD steps: method must be "
-                            f"sft_cot without params, got {c.method.name!r} {c.method.params or ''}")
+            raise UserError(
+                f"task {c.task.name!r} trains on teacher-forced GD steps: method must be "
+                f"sft_cot without params, got {c.method.name!r} {c.method.params or ''}"
+            )
         if c.train.threads:
             torch.set_num_threads(c.train.threads)
         self.task = get_task(c.task.name, **c.task.params)
@@ -161,13 +172,25 @@ class ICLRun:
         self.T = self.p.T_max
         longs = self.task.long_sizes()
         self.splits_T = {"val": self.T, "test": self.T, **{s: longs[s] for s in c.eval.long_splits}}
-        self.sizes = {"val": c.task.val_size, "test": c.task.test_size,
-                      **{s: c.task.test_size for s in c.eval.long_splits}}
+        self.sizes = {
+            "val": c.task.val_size,
+            "test": c.task.test_size,
+            **{s: c.task.test_size for s in c.eval.long_splits},
+        }
         self.data = {s: self._draw(s, self.sizes[s], self.splits_T[s]) for s in self.splits_T}
         self._train = self._draw("train", c.task.train_size, self.T) if not c.task.resample_train else None
-        self.model = build_icl_model(self.p.d, self.p.n, self.task.kind, self.p.eta, self.task.head_acts,
-                                     init=self.p.init, init_scale=self.p.init_scale, init_gain=self.p.init_gain,
-                                     seed=c.seed, weights=self.p.weights).to(DTYPE)
+        self.model = build_icl_model(
+            self.p.d,
+            self.p.n,
+            self.task.kind,
+            self.p.eta,
+            self.task.head_acts,
+            init=self.p.init,
+            init_scale=self.p.init_scale,
+            init_gain=self.p.init_gain,
+            seed=c.seed,
+            weights=self.p.weights,
+        ).to(DTYPE)
         self.trainer = ICLTrainer(self)
         self.history: list[dict[str, float]] = []
         self.curves: dict[str, Any] = {}  # per-T curves of the last final() (saved as icl_curves.json)
@@ -196,8 +219,9 @@ class ICLRun:
         gen = self.model.generate(X, y, th[:, 0], T)
         tf = torch.cat([th[:, :1], self.model(X, y, th[:, :-1])], 1)
         g = torch.Generator().manual_seed(self.cfg.seed + 1)
-        noisy = self.model.generate(X, y, th[:, 0], T, step_sigma=self.p.input_sigma, generator=g) \
-            if noise_draws else None
+        noisy = (
+            self.model.generate(X, y, th[:, 0], T, step_sigma=self.p.input_sigma, generator=g) if noise_draws else None
+        )
         wn = []
         for k in range(noise_draws if self.p.weight_sigma > 0 else 0):
             m = self._noisy_model(self.p.weight_sigma, 1000 + k)
@@ -248,7 +272,7 @@ class ICLRun:
             M = eye - p.eta / p.n * X @ X.transpose(1, 2)
             return M[:, None].expand(-1, th.shape[1] - 1, -1, -1)
         a = torch.einsum("btd,bdn->btn", th[:, :-1], X)  # (B, T, n)
-        Dg = 3 * a ** 2 - y[:, None, :]
+        Dg = 3 * a**2 - y[:, None, :]
         return eye - 2 * p.eta / p.n * torch.einsum("bdn,btn,ben->btde", X, Dg, X)
 
     def stability(self, split: str, n: int) -> dict[str, Any]:
@@ -268,17 +292,20 @@ class ICLRun:
             Pm, Pt = diag[:, t] @ Pm, Jth[:, t] @ Pt
             sm = sm + torch.linalg.matrix_norm(Pm, ord=2) ** 2
             st = st + torch.linalg.matrix_norm(Pt, ord=2) ** 2
-            prod_m.append(float(sm.mean())); prod_t.append(float(st.mean()))
+            prod_m.append(float(sm.mean()))
+            prod_t.append(float(st.mean()))
         off = norms_b * torch.tril(torch.ones(T, T, dtype=torch.bool), -1)
         return {
-            "norms": norms, "rho": rho_matrix(norms),
+            "norms": norms,
+            "rho": rho_matrix(norms),
             "eaf": [eaf_from_norms(norms, t) for t in range(1, T + 1)],
             "jac_norm": torch.linalg.matrix_norm(diag, ord=2).mean(0).tolist(),
             "jac_norm_max": torch.linalg.matrix_norm(diag, ord=2).amax(0).tolist(),
             "theory_norm": torch.linalg.matrix_norm(Jth, ord=2).mean(0).tolist(),
             "jac_err": torch.linalg.matrix_norm(diag - Jth, ord=2).amax(0).tolist(),  # max_b ||J - J_theory||
             "offdiag_max": off.amax((0, 2)).tolist(),  # max_{b, i < t-1} ||J_i^(t)||, per t
-            "jac_prod": prod_m, "theory_prod": prod_t,
+            "jac_prod": prod_m,
+            "theory_prod": prod_t,
         }
 
     def epoch(self) -> dict[str, float]:
@@ -286,8 +313,13 @@ class ICLRun:
         ev = self.cfg.eval
         t0 = time.perf_counter()
         c = self.curves_of("val", ev.val_examples, noise_draws=0)
-        m.update(val_acc=c["acc"][-1], val_loss=float(np.mean(c["tf_loss"])), val_infer_loss=c["infer_loss"][-1],
-                 val_infer_star=c["infer_star"][-1], val_time_s=time.perf_counter() - t0)
+        m.update(
+            val_acc=c["acc"][-1],
+            val_loss=float(np.mean(c["tf_loss"])),
+            val_infer_loss=c["infer_loss"][-1],
+            val_infer_star=c["infer_star"][-1],
+            val_time_s=time.perf_counter() - t0,
+        )
         if ev.eaf_examples:
             t0 = time.perf_counter()
             m["eaf"] = self.stability("val", ev.eaf_examples)["eaf"][-1]
@@ -305,11 +337,21 @@ class ICLRun:
         c = self.curves_of("test")
         s = self.stability("test", ev.eaf_examples or 32)
         curves = {**c, **{k: v for k, v in s.items() if isinstance(v, list)}}
-        self.curves = {"task": self.task.name, "T": list(range(1, self.T + 1)), **curves,
-                       "norms": s["norms"].tolist(), "rho": s["rho"].tolist()}
-        out: dict[str, float] = {"test_acc": c["acc"][-1], "loss_gap": c["infer_loss"][-1] - c["tf_loss"][-1],
-                                 "test_infer_loss": c["infer_loss"][-1], "test_infer_star": c["infer_star"][-1],
-                                 "final_eaf": s["eaf"][-1], "jac_err_max": max(s["jac_err"])}
+        self.curves = {
+            "task": self.task.name,
+            "T": list(range(1, self.T + 1)),
+            **curves,
+            "norms": s["norms"].tolist(),
+            "rho": s["rho"].tolist(),
+        }
+        out: dict[str, float] = {
+            "test_acc": c["acc"][-1],
+            "loss_gap": c["infer_loss"][-1] - c["tf_loss"][-1],
+            "test_infer_loss": c["infer_loss"][-1],
+            "test_infer_star": c["infer_star"][-1],
+            "final_eaf": s["eaf"][-1],
+            "jac_err_max": max(s["jac_err"]),
+        }
         for k, vals in curves.items():
             for t, v in enumerate(vals, 1):
                 out[f"{k}_T{t}"] = float(v)
@@ -344,18 +386,28 @@ class ICLRun:
             J1 = self.jacobians(split, n)
         finally:
             self.data = {**self.data, split: saved}
-        C2 = float((torch.linalg.matrix_norm(J1 - J0, ord=2).flatten(1).amax(1)
-                    / delta.flatten(1).norm(dim=1)).amax())
+        C2 = float((torch.linalg.matrix_norm(J1 - J0, ord=2).flatten(1).amax(1) / delta.flatten(1).norm(dim=1)).amax())
         rows = []
         for T in range(1, self.T + 1):
             C1 = 2 * float(r[T - 1])
             first = C1 * sum(float(rho[t, T] * eps[t - 1]) for t in range(1, T))
-            second = C1 * C2 / 2 * sum(float(rho[t, T]) * float(r[:t - 1].sum()) ** 2 for t in range(2, T + 1))
+            second = C1 * C2 / 2 * sum(float(rho[t, T]) * float(r[: t - 1].sum()) ** 2 for t in range(2, T + 1))
             gap = abs(sq(gen[:, T], th[:, T]) - sq(tf[:, T - 1], th[:, T]))
             bound = first + second
-            rows.append({"T": T, "loss_gap": gap, "bound": bound, "ratio": bound / gap if gap > 0 else float("nan"),
-                         "first_order": first, "second_order": second, "C1": C1, "C2": C2,
-                         "eaf": s["eaf"][T - 1], "sum_eps": float(eps[:T - 1].sum())})
+            rows.append(
+                {
+                    "T": T,
+                    "loss_gap": gap,
+                    "bound": bound,
+                    "ratio": bound / gap if gap > 0 else float("nan"),
+                    "first_order": first,
+                    "second_order": second,
+                    "C1": C1,
+                    "C2": C2,
+                    "eaf": s["eaf"][T - 1],
+                    "sum_eps": float(eps[: T - 1].sum()),
+                }
+            )
         return rows
 
     def weight_noise(self, seeds: int, sigma: float | None = None) -> float:
@@ -364,16 +416,20 @@ class ICLRun:
         X, y, _, th = self.data["test"]
         with torch.no_grad():
             base = sq(self.model.generate(X, y, th[:, 0], self.T)[:, -1], th[:, -1])
-            noisy = [sq(self._noisy_model(sigma, 2000 + k).generate(X, y, th[:, 0], self.T)[:, -1], th[:, -1])
-                     for k in range(seeds)]
+            noisy = [
+                sq(self._noisy_model(sigma, 2000 + k).generate(X, y, th[:, 0], self.T)[:, -1], th[:, -1])
+                for k in range(seeds)
+            ]
         return float(np.mean(noisy) - base)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "trainer": self.trainer.state_dict(),
-                    "history": self.history}, path / "state.pt")
+        torch.save(
+            {"model": self.model.state_dict(), "trainer": self.trainer.state_dict(), "history": self.history},
+            path / "state.pt",
+        )
         (path / "trial_config.json").write_text(json.dumps(self.cfg.model_dump(), indent=1))
         if self.curves:
             (path / "icl_curves.json").write_text(json.dumps(self.curves))

@@ -62,9 +62,16 @@ def lr_schedule(optimizer, cfg: TrainConfig, total_steps: int) -> torch.optim.lr
 class Trainer:
     """Owns the model, optimizer, schedule and epoch counter; `train_epoch()` runs one epoch."""
 
-    def __init__(self, model: torch.nn.Module, method: Method, encoder: Encoder,
-                 train_data: list[Example] | Callable[[int], list[Example]], cfg: TrainConfig,
-                 seed: int = 0, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        method: Method,
+        encoder: Encoder,
+        train_data: list[Example] | Callable[[int], list[Example]],
+        cfg: TrainConfig,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ):
         self.model, self.method, self.encoder, self.cfg, self.seed = model, method, encoder, cfg, seed
         self.device = torch.device(device)
         self.train_data = train_data
@@ -90,7 +97,7 @@ class Trainer:
         losses, tokens, t0 = [], 0, time.perf_counter()
         bs = self.cfg.batch_size
         for b in range(self.steps_per_epoch):
-            idx = order[b * bs:(b + 1) * bs]
+            idx = order[b * bs : (b + 1) * bs]
             if len(idx) == 0:
                 break
             items = []
@@ -111,12 +118,20 @@ class Trainer:
             losses.append(loss)
         self.epoch += 1
         dt = time.perf_counter() - t0
-        return {"train_loss": float(np.mean(losses)), "tokens": float(tokens),
-                "tokens_per_s": tokens / dt if dt > 0 else 0.0, "epoch_time_s": dt}
+        return {
+            "train_loss": float(np.mean(losses)),
+            "tokens": float(tokens),
+            "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+            "epoch_time_s": dt,
+        }
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "epoch": self.epoch, "torch_rng": torch.get_rng_state()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": self.epoch,
+            "torch_rng": torch.get_rng_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

@@ -25,11 +25,24 @@ from stabray.train.loop import TrainConfig, Trainer, pick_device
 
 def model_spec(cfg: TrialConfig) -> ModelSpec:
     m = cfg.model
-    lora = LoraSpec(rank=m.lora.rank, alpha=m.lora.alpha, dropout=m.lora.dropout,
-                    target_modules=tuple(m.lora.target_modules)) if m.lora else None
-    return ModelSpec(pretrained=m.pretrained, lora=lora, preset=m.preset, hidden_size=m.hidden_size,
-                     num_layers=m.num_layers, num_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                     max_positions=m.max_positions, family=m.family)
+    lora = (
+        LoraSpec(
+            rank=m.lora.rank, alpha=m.lora.alpha, dropout=m.lora.dropout, target_modules=tuple(m.lora.target_modules)
+        )
+        if m.lora
+        else None
+    )
+    return ModelSpec(
+        pretrained=m.pretrained,
+        lora=lora,
+        preset=m.preset,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        intermediate_size=m.intermediate_size,
+        max_positions=m.max_positions,
+        family=m.family,
+    )
 
 
 def best_epoch(history: list[dict[str, float]], metric: str = "val_acc") -> dict[str, float]:
@@ -51,16 +64,20 @@ class TrialRun:
         self.train_cfg = TrainConfig(**c.train.model_dump())
         self.device = pick_device(c.device)
         splits = ("train", "val", "test", *c.eval.long_splits)
-        self.data = load_splits(self.task, {"train": c.task.train_size, "val": c.task.val_size,
-                                            "test": c.task.test_size}, seed=c.task.data_seed,
-                                splits=splits, cache_dir=c.cache_dir)
+        self.data = load_splits(
+            self.task,
+            {"train": c.task.train_size, "val": c.task.val_size, "test": c.task.test_size},
+            seed=c.task.data_seed,
+            splits=splits,
+            cache_dir=c.cache_dir,
+        )
         self.spec = model_spec(c)
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
+
             self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         elif self.spec.pretrained is None:
-            texts = [t for exs in self.data.values() for e in exs
-                     for t in (e.question, e.question_nohint, e.answer)]
+            texts = [t for exs in self.data.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
             self.tokenizer = build_tokenizer(texts)
         else:
             self.tokenizer = load_tokenizer(self.spec)
@@ -69,8 +86,9 @@ class TrialRun:
         self.model = build_model(self.spec, self.tokenizer, seed=c.seed)
         self.model = self.method.prepare(self.model).to(self.device)
         train_data = self.fresh_train if c.task.resample_train else self.data["train"]
-        self.trainer = Trainer(self.model, self.method, self.encoder, train_data, self.train_cfg,
-                               seed=c.seed, device=self.device)
+        self.trainer = Trainer(
+            self.model, self.method, self.encoder, train_data, self.train_cfg, seed=c.seed, device=self.device
+        )
         self.eaf_tracker = None  # warm-start state of the EAF estimator between epochs
         self.history: list[dict[str, float]] = []  # per-epoch metrics (kept in checkpoints)
 
@@ -81,21 +99,41 @@ class TrialRun:
             return self.data["train"]
         if getattr(self, "_fresh", (None,))[0] != epoch:
             from stabray.data.splits import draw
+
             exclude = {e.question for s, exs in self.data.items() if s != "train" for e in exs}
-            self._fresh = (epoch, draw(self.task, f"train-epoch{epoch}", self.cfg.task.train_size,
-                                       self.cfg.task.data_seed, self.task.size, exclude=exclude))
+            self._fresh = (
+                epoch,
+                draw(
+                    self.task,
+                    f"train-epoch{epoch}",
+                    self.cfg.task.train_size,
+                    self.cfg.task.data_seed,
+                    self.task.size,
+                    exclude=exclude,
+                ),
+            )
         return self._fresh[1]
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, n: int = 0, loss_gap: bool = False):
         exs = self.data[split][:n] if n else self.data[split]
-        return evaluate_split(self.model, self.encoder, self.task, exs, self.method,
-                              device=self.device, loss_gap=loss_gap, batch_size=self.cfg.eval.batch_size)
+        return evaluate_split(
+            self.model,
+            self.encoder,
+            self.task,
+            exs,
+            self.method,
+            device=self.device,
+            loss_gap=loss_gap,
+            batch_size=self.cfg.eval.batch_size,
+        )
 
     def eval_encoded(self, split: str, n: int):
         """Examples encoded with every ground-truth step (the stability measure's input)."""
-        return [self.encoder.encode(self.method.eval_prompt(e), self.method.eval_steps(e), e.final)
-                for e in self.data[split][:n]]
+        return [
+            self.encoder.encode(self.method.eval_prompt(e), self.method.eval_steps(e), e.final)
+            for e in self.data[split][:n]
+        ]
 
     def eaf(self, split: str = "val") -> float | None:
         ev = self.cfg.eval
@@ -107,9 +145,15 @@ class TrialRun:
             return None
         if self.eaf_tracker is None:
             self.eaf_tracker = EAFTracker()
-        res = estimate_eaf(self.model, self.eval_encoded(split, ev.eaf_examples), iters=ev.eaf_iters,
-                           token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, tracker=self.eaf_tracker,
-                           method=self.method)
+        res = estimate_eaf(
+            self.model,
+            self.eval_encoded(split, ev.eaf_examples),
+            iters=ev.eaf_iters,
+            token_cap=ev.eaf_token_cap,
+            aggregation=ev.eaf_aggregation,
+            tracker=self.eaf_tracker,
+            method=self.method,
+        )
         return float(res.eaf)
 
     def epoch(self) -> dict[str, float]:
@@ -149,21 +193,30 @@ class TrialRun:
         from stabray.stability import decompose
 
         if self.method.latent_thoughts:
-            raise UserError(f"method {self.method.name!r}: the eq. (4) decomposition needs a ground-truth value "
-                            "for every step, and latent thoughts have none (the EAF over latent steps is "
-                            "reported as eaf / final_eaf)")
+            raise UserError(
+                f"method {self.method.name!r}: the eq. (4) decomposition needs a ground-truth value "
+                "for every step, and latent thoughts have none (the EAF over latent steps is "
+                "reported as eaf / final_eaf)"
+            )
         ev = self.cfg.eval
-        return decompose(self.model, self.encoder, self.data[split][:n], iters=ev.eaf_iters,
-                         token_cap=ev.eaf_token_cap, aggregation=ev.eaf_aggregation, seed=self.cfg.seed)
+        return decompose(
+            self.model,
+            self.encoder,
+            self.data[split][:n],
+            iters=ev.eaf_iters,
+            token_cap=ev.eaf_token_cap,
+            aggregation=ev.eaf_aggregation,
+            seed=self.cfg.seed,
+        )
 
     def weight_noise(self, seeds: int, n: int = 64, split: str = "test", sigma: float = 0.005) -> float:
         """Appendix B.2: mean increase of the inference loss under N(0, sigma^2) weight noise."""
         from stabray.stability import inference_loss, weight_noise_stability
 
         exs = self.data[split][:n]
-        return weight_noise_stability(self.model, lambda m: inference_loss(m, self.encoder, exs, method=self.method),
-                                      sigma=sigma,
-                                      seeds=seeds)
+        return weight_noise_stability(
+            self.model, lambda m: inference_loss(m, self.encoder, exs, method=self.method), sigma=sigma, seeds=seeds
+        )
 
     def baselines(self, split: str = "test") -> dict[str, float]:
         """Accuracy of the task's trivial rules on a split (context for the model's accuracy)."""
@@ -176,10 +229,14 @@ class TrialRun:
         state = self.model.state_dict()
         if self.spec.pretrained is not None:  # keep what trains (LoRA, new embeddings), not the base
             trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-            state = {k: v for k, v in state.items() if k in trainable or "original" in k and
-                     k.replace(".parametrizations.weight.original", ".weight") in trainable}
-        torch.save({"model": state, "trainer": self.trainer.state_dict(), "history": self.history},
-                   path / "state.pt")
+            state = {
+                k: v
+                for k, v in state.items()
+                if k in trainable
+                or "original" in k
+                and k.replace(".parametrizations.weight.original", ".weight") in trainable
+            }
+        torch.save({"model": state, "trainer": self.trainer.state_dict(), "history": self.history}, path / "state.pt")
         self.tokenizer.save_pretrained(str(path / "tokenizer"))
         (path / "trial_config.json").write_text(json.dumps(self.cfg.model_dump(), indent=1))
 
@@ -215,6 +272,7 @@ def load_run(path: str | Path) -> TrialRun:
     path = Path(path)
     if not (path / "state.pt").exists():
         from stabray.errors import UserError
+
         raise UserError(f"{path}: not a stabray checkpoint (no state.pt)")
     cfg = json.loads((path / "trial_config.json").read_text())
     tok = path / "tokenizer"

@@ -1,8 +1,8 @@
 """Ray Tune integration. The only package of stabray that imports ray.
 
-    from ray import tune
-    from stabray.tune import trainable
-    tuner = tune.Tuner(trainable, param_space={"task": {"name": "dijkstra"}, ...})
+from ray import tune
+from stabray.tune import trainable
+tuner = tune.Tuner(trainable, param_space={"task": {"name": "dijkstra"}, ...})
 """
 
 from stabray.tune.trainable import trainable

@@ -17,10 +17,28 @@ from stabray.tracking.store import CHECKPOINT
 from stabray.tune.trainable import unwrap
 
 # result keys that are Ray's bookkeeping, not metrics
-RAY_KEYS = {"training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "pid", "time_since_restore",
-            "iterations_since_restore", "timesteps_total", "episodes_total", "timesteps_since_restore",
-            "done", "config", "trial_id", "experiment_id", "date", "hostname", "node_ip", "checkpoint_dir_name",
-            "should_checkpoint", "experiment_tag"}
+RAY_KEYS = {
+    "training_iteration",
+    "time_this_iter_s",
+    "time_total_s",
+    "timestamp",
+    "pid",
+    "time_since_restore",
+    "iterations_since_restore",
+    "timesteps_total",
+    "episodes_total",
+    "timesteps_since_restore",
+    "done",
+    "config",
+    "trial_id",
+    "experiment_id",
+    "date",
+    "hostname",
+    "node_ip",
+    "checkpoint_dir_name",
+    "should_checkpoint",
+    "experiment_tag",
+}
 
 
 def trial_params(config: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +103,13 @@ class MLflowTuneCallback(Callback):
                 return found
             cfg = unwrap(trial.config)
             self.runs[trial.trial_id] = self.store.start_child(
-                self.parent_run_id, trial.trial_id, run_name=str(trial), params=trial_params(cfg),
-                tags={"stabray.task": cfg["task"]["name"], "stabray.method": cfg["method"]["name"]}, config=cfg)
+                self.parent_run_id,
+                trial.trial_id,
+                run_name=str(trial),
+                params=trial_params(cfg),
+                tags={"stabray.task": cfg["task"]["name"], "stabray.method": cfg["method"]["name"]},
+                config=cfg,
+            )
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):

@@ -30,8 +30,14 @@ def ray_space(spec: SweepSpec) -> dict[str, Any]:
         if spec.search.searcher == "grid":  # every combination of the choices, num_samples times each
             set_path(space, space_path(key), tune.grid_search(list(v)))
             continue
-        domain = {"choice": lambda: tune.choice(list(v)), "loguniform": lambda: tune.loguniform(*v),
-                  "uniform": lambda: tune.uniform(*v), "randint": lambda: tune.randint(v[0], v[1] + 1)}[kind]()
+        if kind == "choice":
+            domain = tune.choice(list(v))
+        elif kind == "loguniform":
+            domain = tune.loguniform(*v)
+        elif kind == "uniform":
+            domain = tune.uniform(*v)
+        else:  # randint: both ends included (Ray's upper end is exclusive)
+            domain = tune.randint(v[0], v[1] + 1)
         set_path(space, space_path(key), domain)
     return space
 
@@ -72,8 +78,10 @@ def check_resources(spec: SweepSpec) -> None:
     for key, want in (("CPU", spec.resources.cpu), ("GPU", spec.resources.gpu)):
         have = total.get(key, 0.0)
         if want > have:
-            raise UserError(f"resources.{key.lower()}: each trial asks for {want:g} {key}, but the Ray cluster "
-                            f"has {have:g} in all; lower the request or add nodes")
+            raise UserError(
+                f"resources.{key.lower()}: each trial asks for {want:g} {key}, but the Ray cluster "
+                f"has {have:g} in all; lower the request or add nodes"
+            )
 
 
 def storage_root(spec: SweepSpec, flag: str | None) -> Path:
@@ -102,26 +110,48 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
         # The study lives in a sqlite file beside the Ray results, so a resumed sweep continues it.
         run_dir.mkdir(parents=True, exist_ok=True)
         storage = optuna.storages.RDBStorage(f"sqlite:///{run_dir / 'optuna.db'}")
-        searcher = OptunaSearch(metric=s.metric, mode=s.mode, sampler=optuna.samplers.TPESampler(seed=spec.seed),
-                                study_name=run_dir.name, storage=storage)
+        searcher = OptunaSearch(
+            metric=s.metric,
+            mode=s.mode,
+            sampler=optuna.samplers.TPESampler(seed=spec.seed),
+            study_name=run_dir.name,
+            storage=storage,
+        )
         searcher = ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent)
     else:
         searcher = None
-    scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=spec.train.epochs,
-                               grace_period=min(s.grace_period, spec.train.epochs), reduction_factor=s.reduction_factor)
-                 if s.scheduler == "asha" else FIFOScheduler())
+    scheduler = (
+        ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=spec.train.epochs,
+            grace_period=min(s.grace_period, spec.train.epochs),
+            reduction_factor=s.reduction_factor,
+        )
+        if s.scheduler == "asha"
+        else FIFOScheduler()
+    )
     return tune.Tuner(
         train_fn,
         param_space=ray_space(spec),
-        tune_config=tune.TuneConfig(metric=s.metric, mode=s.mode, search_alg=searcher, scheduler=scheduler,
-                                    num_samples=s.num_samples, trial_name_creator=trial_name,
-                                    reuse_actors=True,  # no process start + torch import per trial
-                                    trial_dirname_creator=trial_name,
-                                    max_concurrent_trials=s.max_concurrent if searcher is None else None),
+        tune_config=tune.TuneConfig(
+            metric=s.metric,
+            mode=s.mode,
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=s.num_samples,
+            trial_name_creator=trial_name,
+            reuse_actors=True,  # no process start + torch import per trial
+            trial_dirname_creator=trial_name,
+            max_concurrent_trials=s.max_concurrent if searcher is None else None,
+        ),
         run_config=tune.RunConfig(
-            name=run_dir.name, storage_path=str(run_dir.parent), callbacks=[callback],
+            name=run_dir.name,
+            storage_path=str(run_dir.parent),
+            callbacks=[callback],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            failure_config=tune.FailureConfig(max_failures=s.max_failures), verbose=1),
+            failure_config=tune.FailureConfig(max_failures=s.max_failures),
+            verbose=1,
+        ),
     )
 
 
@@ -147,8 +177,15 @@ class CombinedGrid:
         return sum(g.num_errors for g in self.grids)
 
 
-def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | None = None,
-              storage: str | None = None, resume: bool = False, address: str | None = None):
+def run_sweep(
+    spec: SweepSpec,
+    spec_path: str | Path,
+    *,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    resume: bool = False,
+    address: str | None = None,
+):
     """Run (or resume) a sweep. Returns (results, info): results is a ResultGrid (a CombinedGrid for
     a multi-method sweep, one Optuna study and one MLflow group run per method, run one after the
     other), info holds the tracking URI, experiment, parent run id, results directory, completeness."""
@@ -173,12 +210,23 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | Non
         store = Store(uri, experiment)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        saved = {"parent_run_id": store.start_parent(spec.name, run_dir.name, spec.model_dump()),
-                 "tracking_uri": uri, "experiment": experiment, "spec": str(spec_path), "groups": {}}
+        saved = {
+            "parent_run_id": store.start_parent(spec.name, run_dir.name, spec.model_dump()),
+            "tracking_uri": uri,
+            "experiment": experiment,
+            "spec": str(spec_path),
+            "groups": {},
+        }
         info_file.write_text(json.dumps(saved))
     parent = saved["parent_run_id"]
-    info = {"tracking_uri": uri, "experiment": experiment, "parent_run_id": parent, "run_dir": str(run_dir),
-            "ray": how, "complete": True}
+    info = {
+        "tracking_uri": uri,
+        "experiment": experiment,
+        "parent_run_id": parent,
+        "run_dir": str(run_dir),
+        "ray": how,
+        "complete": True,
+    }
     print(f"stabray: {how}; results in {run_dir}; MLflow {uri} experiment {experiment!r}", flush=True)
     grids = []
     for label, sub in method_specs(spec):
@@ -208,8 +256,15 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, tracking_uri: str | Non
     return (grids[0] if not spec.methods else CombinedGrid(grids)), info
 
 
-def run_configs(configs: list[dict[str, Any]], experiment: str, tracking_uri: str | None = None,
-                storage: str | None = None, cpu: float = 1.0, gpu: float = 0.0, name: str = "rerun"):
+def run_configs(
+    configs: list[dict[str, Any]],
+    experiment: str,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    cpu: float = 1.0,
+    gpu: float = 0.0,
+    name: str = "rerun",
+):
     """Run fixed trial configs (e.g. a selected configuration with several seeds) as one Ray Tune
     run, logged to `experiment` under a new parent run."""
     uri = resolve_tracking_uri(tracking_uri)
@@ -221,12 +276,15 @@ def run_configs(configs: list[dict[str, Any]], experiment: str, tracking_uri: st
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu}),
         param_space={BUNDLE: tune.grid_search([copy.deepcopy(c) for c in configs])},
-        tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=trial_name,
-                                    reuse_actors=True),
-        run_config=tune.RunConfig(name=run_dir.name, storage_path=str(run_dir.parent), callbacks=[cb],
-                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1), verbose=1),
+        tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=trial_name, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=run_dir.name,
+            storage_path=str(run_dir.parent),
+            callbacks=[cb],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            verbose=1,
+        ),
     )
     grid = tuner.fit()
     store.end(parent, "FINISHED")
     return grid
-

@@ -15,7 +15,6 @@ import torch
 
 from stabray.tune.report import assigned_cpus, get_checkpoint_dir, placement, report
 
-
 BUNDLE = "trial_config"  # a param space may hold whole configs under this key (grid over configs)
 
 
