@@ -12,12 +12,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
 from analysis.select import seeds_of, select_best  # noqa: E402
-from analysis.tables import HPARAMS, PAPER_METHODS, TASK_ORDER, _ordered, method_label, task_label  # noqa: E402
+from analysis.tables import HPARAMS, PAPER_METHODS, TASK_ORDER, method_label, ordered, task_label  # noqa: E402
 
 DPI = 120
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
@@ -29,7 +29,7 @@ def _no_data(path: Path, title: str, why: str) -> Path:
     ax.set_axis_off()
     ax.set_title(title)
     ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _colors(keys: list[str]) -> dict[str, str]:
@@ -50,8 +50,8 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
     if rows.is_empty():
         return _no_data(path, title, "no decomposition for the selected configurations")
     curves = rows.group_by(["task", "method", "T"]).agg(pl.col("loss_gap").mean(), pl.col("bound").mean())
-    tasks = _ordered(curves["task"].to_list(), TASK_ORDER)
-    meths = _ordered(curves["method"].to_list(), PAPER_METHODS)
+    tasks = ordered(curves["task"].to_list(), TASK_ORDER)
+    meths = ordered(curves["method"].to_list(), PAPER_METHODS)
     colors = _colors(meths)
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -73,7 +73,7 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
     handles = [plt.Line2D([], [], color=colors[m], label=method_label(m)) for m in meths]
     fig.legend(handles=handles, loc="upper center", ncol=len(meths), bbox_to_anchor=(0.5, 1.08), frameon=False)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _one_knob(trials: pl.DataFrame, param: str) -> pl.DataFrame:
@@ -126,7 +126,7 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
@@ -135,7 +135,7 @@ def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     df = trials.filter(pl.col("test_acc").is_not_null() & pl.col("eaf_value").is_not_null())
     if df.is_empty():
         return _no_data(path, title, "no trial logged both test_acc and an EAF")
-    meths = _ordered(df["method"].to_list(), PAPER_METHODS)
+    meths = ordered(df["method"].to_list(), PAPER_METHODS)
     colors = _colors(meths)
     scale = 1.0 if df["test_acc"].max() > 1.0 else 100.0
     fig, ax = plt.subplots(figsize=(5, 3.6))
@@ -150,7 +150,7 @@ def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def all_figures(trials: pl.DataFrame, decomp: pl.DataFrame, out_dir: str | Path) -> list[Path]:

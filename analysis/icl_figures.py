@@ -30,25 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.figures import _save, plt
-
-CURVES = (
-    "infer_loss",
-    "tf_loss",
-    "infer_star",
-    "tf_star",
-    "step_noise",
-    "weight_noise",
-    "jac_norm",
-    "jac_norm_max",
-    "theory_norm",
-    "jac_err",
-    "offdiag_max",
-    "jac_prod",
-    "theory_prod",
-    "eaf",
-    "acc",
-)
+from analysis.figures import plt, save_figure
+from stabray.record import ICL_CURVES as CURVES  # the logged `<curve>_T<t>` names
 
 
 def checkpoint_dir(path: str | Path) -> Path:
@@ -69,7 +52,7 @@ def curves_from_checkpoint(path: str | Path) -> dict[str, Any]:
     f = path / "icl_curves.json"
     if f.exists():
         return json.loads(f.read_text())
-    from stabray.train.run import load_run
+    from stabray.train import load_run
 
     run = load_run(path)
     run.final()
@@ -91,11 +74,11 @@ def curves_from_metrics(metrics: dict[str, float], task: str = "") -> dict[str, 
 
 
 def curves_from_mlflow(run_id: str, tracking_uri: str | None = None) -> dict[str, Any]:
-    import mlflow
+    from stabray.tracking import run_data
 
-    run = mlflow.MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
-    task = run.data.params.get("task") or run.data.tags.get("stabray.task", "")  # logged by stabray.tune.callbacks
-    return curves_from_metrics(run.data.metrics, task)
+    metrics, params, tags = run_data(run_id, tracking_uri)
+    task = params.get("task") or tags.get("stabray.task", "")  # logged by stabray.tune.callbacks
+    return curves_from_metrics(metrics, task)
 
 
 def curves_from_run_id(run_id: str, tracking_uri: str | None = None) -> tuple[dict[str, Any], str]:
@@ -251,7 +234,7 @@ def write_figures(curves: dict[str, Any], out: str | Path, source: str = "") -> 
     for name, make in FIGURES.items():
         fig = make(curves)
         data["figures"][name] = plotted_series(fig)
-        paths.append(_save(fig, out / f"{name}.png"))
+        paths.append(save_figure(fig, out / f"{name}.png"))
     (out / "icl_figures.json").write_text(json.dumps(data, indent=1))
     return paths
 

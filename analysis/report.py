@@ -48,9 +48,9 @@ def build_report(
         if loaded.parent_run_id is None:
             print(f"warning: experiment {experiment!r} has no parent run (tag stabray.role=sweep); report not logged")
         else:
-            import mlflow
+            from stabray.tracking import Store
 
-            mlflow.MlflowClient(tracking_uri=tracking_uri).log_artifacts(loaded.parent_run_id, str(out), "report")
+            Store.existing(tracking_uri, experiment).log_artifacts(loaded.parent_run_id, out, "report")
     print(f"report: wrote {len(tables)} tables and {len(figures)} figures to {out}")
     return out
 

@@ -59,16 +59,16 @@ def rerun(
     dry_run: bool = False,
 ) -> list[dict]:
     """Plan and (unless `dry_run`) run the re-runs; returns the configs run."""
-    import mlflow
+    from stabray.tracking import resolve_tracking_uri
 
-    uri = tracking_uri or mlflow.get_tracking_uri()
+    uri = resolve_tracking_uri(tracking_uri)
     # selection needs no stability artifacts: skip downloading them
     loaded = load_ray(ray_dir, experiment) if ray_dir else load_mlflow(experiment, uri, stability=False)
     selected = select_best(loaded.trials)
     configs = dict(loaded.configs)
     for r in selected.iter_rows(named=True):
         if r["trial_id"] not in configs and r["run_id"]:
-            cfg = load_trial_config(r["run_id"], uri)
+            cfg = load_trial_config(r["run_id"], experiment, uri)
             if cfg is not None:
                 configs[r["trial_id"]] = cfg
     todo = plan_reruns(loaded.trials, configs, n_seeds)
@@ -77,12 +77,7 @@ def rerun(
     if not todo:
         print(f"rerun: every selected configuration already has {n_seeds} seeds")
     if todo and not dry_run:
-        try:
-            from stabray.tune import run_configs  # the only Ray entry point; imported late
-        except ImportError as e:
-            from stabray.errors import UserError
-
-            raise UserError(f"stabray.tune.run_configs is not available in this checkout ({e})") from e
+        from stabray.tune import run_configs  # pulls in Ray: imported only when there is work
 
         run_configs(todo, experiment=experiment, tracking_uri=uri, storage=storage)
     return todo

@@ -171,7 +171,7 @@ def _pct_scale(values: pl.Series) -> float:
     return 1.0 if len(v) and v.max() > 1.0 else 100.0
 
 
-def _ordered(values, order: Sequence[str]) -> list[str]:
+def ordered(values, order: Sequence[str]) -> list[str]:
     vals = {v for v in values if v is not None}
     return [v for v in order if v in vals] + sorted(vals - set(order))
 
@@ -202,8 +202,8 @@ def table1(
     """Test accuracy (%) mean ± std over the seeds of each (task, method)'s selected configuration.
     Rows: the paper's methods plus any other method logged; columns: the tasks logged."""
     caption = caption or f"Test accuracy (%) from {metric}, mean ± sample std (ddof=1) over seeds"
-    tasks = _ordered(trials["task"].to_list(), TASK_ORDER)
-    meths = _ordered(list(methods) + trials["method"].to_list(), list(methods))
+    tasks = ordered(trials["task"].to_list(), TASK_ORDER)
+    meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     stats = mean_std(trials, select_best(trials), metric)
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
@@ -286,8 +286,8 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
     scale = _pct_scale(with_bits["test_acc"])
     fallback = {tuple(r[c] for c in by): r for r in selected.iter_rows(named=True)}
     disp, data = [], []
-    tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
-    meths = _ordered(selected["method"].to_list(), PAPER_METHODS)
+    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
     for key in sorted(fallback, key=lambda k: (tasks.index(k[0]), meths.index(k[1]), k[2])):
         a, d, f = acc.get(key, {}), dec.get(key, {}), fallback[key]
         loss_gap = d.get("loss_gap", f["loss_gap"])  # the trial's own loss gap if no decomposition
@@ -336,8 +336,8 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", cols)
     dec = _decomp_means(trials, decomp, selected, GROUP, keys)
-    tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
-    meths = _ordered(selected["method"].to_list(), PAPER_METHODS)
+    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
     disp, data = [], []
     for r in sorted(selected.iter_rows(named=True), key=lambda r: (tasks.index(r["task"]), meths.index(r["method"]))):
         d = dec.get((r["task"], r["method"]), {})
@@ -368,7 +368,7 @@ def table5(trials: pl.DataFrame) -> Table:
     selected = select_best(trials)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", ["Task", "Method"])
-    from analysis.load import EPOCH_METRICS, FINAL_METRICS, META_COLUMNS
+    from stabray.record import EPOCH_METRICS, FINAL_METRICS, META_COLUMNS
 
     params = [
         c
@@ -377,8 +377,8 @@ def table5(trials: pl.DataFrame) -> Table:
     ]
     varied = [c for c in params if c not in HPARAMS and trials[c].n_unique() > 1]
     hp = [c for c in HPARAMS if c in trials.columns and trials[c].drop_nulls().len() > 0] + sorted(varied)
-    tasks = _ordered(selected["task"].to_list(), TASK_ORDER)
-    meths = _ordered(selected["method"].to_list(), PAPER_METHODS)
+    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
     rows = sorted(selected.iter_rows(named=True), key=lambda r: (tasks.index(r["task"]), meths.index(r["method"])))
     cols = ["Task", "Method", *(HPARAM_LABELS.get(c, c) for c in hp), "Val. acc. (%)", "Trial"]
     scale = _pct_scale(selected["score"])
@@ -411,8 +411,8 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) 
         f"EAF reduction factor relative to {method_label(REFERENCE_METHOD)} (EAF(SFT-CoT) / EAF(method), "
         "selected configurations, mean EAF over seeds)"
     )
-    tasks = _ordered(trials["task"].to_list(), TASK_ORDER)
-    meths = _ordered(list(methods) + trials["method"].to_list(), list(methods))
+    tasks = ordered(trials["task"].to_list(), TASK_ORDER)
+    meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
     stats = mean_std(trials, select_best(trials), "eaf_value")

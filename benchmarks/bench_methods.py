@@ -69,7 +69,7 @@ def build(label, tok, encoder, examples, preset):
     def step() -> float:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        method.step(model, batch, opt)
+        method.step(model, batch)
         torch.nn.utils.clip_grad_norm_(params_, 1.0)
         opt.step()
         return time.perf_counter() - t0

@@ -47,7 +47,7 @@ def make(new_model, bits: int):
 
 def step(model, method, opt, batch) -> None:
     opt.zero_grad(set_to_none=True)
-    method.step(model, batch, opt)
+    method.step(model, batch)
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     opt.step()
 

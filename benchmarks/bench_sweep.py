@@ -98,16 +98,15 @@ def _pool_init() -> None:
 
 def pool_trial(config: dict) -> dict:
     """One trial without Ray or MLflow: what the trainable computes, minus reporting/checkpoints."""
-    from stabray.train.run import TrialRun
-    from stabray.tune.trainable import final_stability
+    from stabray.train import make_run
 
     t0, start = time.perf_counter(), time.time()
-    run = TrialRun(config)
-    while run.trainer.epoch < run.train_cfg.epochs:
+    run = make_run(config)
+    while not run.done:
         m = run.epoch()
     m.update(run.final())
     m.update(run.best_epoch())
-    m.update(final_stability(run))  # the trainable's end-of-trial work: eq. (4) table, weight noise
+    m.update(run.final_stability())  # the trainable's end-of-trial work: eq. (4) table, weight noise
     return {
         "val_acc": m["val_acc"],
         "best_val_acc": m["best_val_acc"],
@@ -152,9 +151,9 @@ def private_ray(cpus: int) -> None:
 def run_stabray(spec, path, tmp: Path, tag: str) -> dict:
     import ray
 
+    from stabray.record import unwrap
     from stabray.tracking import Store
     from stabray.tune.sweep import run_sweep
-    from stabray.tune.trainable import unwrap
 
     uri = f"sqlite:///{tmp}/mlflow-{tag}.db"
     t0 = time.perf_counter()

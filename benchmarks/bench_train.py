@@ -34,13 +34,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from stabray.config import TrainCfg  # noqa: E402
 from stabray.data.encode import Encoder, collate  # noqa: E402
 from stabray.data.splits import draw  # noqa: E402
 from stabray.data.tokenizer import build_tokenizer  # noqa: E402
 from stabray.methods import get_method  # noqa: E402
 from stabray.models.build import ModelSpec, build_model  # noqa: E402
 from stabray.tasks import get_task  # noqa: E402
-from stabray.train.loop import TrainConfig, Trainer  # noqa: E402
+from stabray.train.loop import Trainer  # noqa: E402
 
 TARGET = 0.95  # stabray tokens/s over the minimal loop's
 LR, WD, WARMUP, CLIP = 3e-3, 0.01, 10, 1.0  # the default sweep's training settings
@@ -84,7 +85,7 @@ class Clock:
 def run_stabray(exs, enc, new_model, bs: int, steps: int) -> tuple[float, float, int]:
     model = new_model()
     method = get_method("sft_cot")
-    cfg = TrainConfig(
+    cfg = TrainCfg(
         epochs=1, batch_size=bs, lr=LR, weight_decay=WD, warmup_steps=WARMUP, grad_clip=CLIP, max_steps_per_epoch=steps
     )
     tr = Trainer(model, method, enc, exs, cfg, seed=0)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install stabray with its test extras. Idempotent: a second run installs nothing.
+# Create .venv and install stabray with its test extras, at the versions CI tested (constraints.txt).
+# Idempotent: a second run installs nothing.
 # TORCH overrides the torch requirement (default torch==2.13.0, the CPU build this repo is tested
 # with; on a CUDA machine use e.g. TORCH="torch" to take the default CUDA build).
 set -euo pipefail
@@ -11,7 +12,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "${TORCH:-torch==2.13.0}"
 fi
 if ! .venv/bin/python -c "import stabray, ray, mlflow, optuna, peft, polars, datasets, pytest, scipy" 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.stabray-installed ]; then
-  .venv/bin/pip install -q -e ".[dev]"
+   || [ pyproject.toml -nt .venv/.stabray-installed ] || [ constraints.txt -nt .venv/.stabray-installed ]; then
+  .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
   touch .venv/.stabray-installed
 fi

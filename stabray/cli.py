@@ -1,5 +1,9 @@
-"""`python -m stabray <command>`. Each command lives in `stabray/commands/<name>.py` and exposes
-`register(subparsers)`, which adds its parser and sets `func(args) -> int`.
+"""`python -m stabray <command>` (also installed as the `stabray` command).
+
+stabray's own commands live in `stabray/commands/<name>.py`, each exposing `register(subparsers)`,
+which adds its parser and sets `func(args) -> int`. Packages add commands through the entry-point
+group `stabray.commands` (a `register(subparsers)` function each): `analysis` adds `report` and
+`icl-figures` this way, so stabray never imports the analysis layer above it.
 
 Errors a user can fix (`UserError`: an unknown task, a misspelled key, an impossible value) print
 one line and exit with code 2, before any expensive work starts.
@@ -10,23 +14,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import entry_points
 
 from stabray.errors import UserError
 
-COMMANDS = ["sweep", "tasks", "data", "methods", "stability", "report", "ui"]
+COMMANDS = ["sweep", "tasks", "data", "methods", "stability", "ui"]
+ENTRY_POINTS = "stabray.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stabray", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"stabray.commands.{name}")
-        except ModuleNotFoundError as e:  # a command not built yet in this checkout
-            if e.name == f"stabray.commands.{name}":
-                continue
-            raise
-        mod.register(sub)
+        importlib.import_module(f"stabray.commands.{name}").register(sub)
+    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        ep.load()(sub)
     return parser
 
 

@@ -47,21 +47,26 @@ class ModelCfg(Strict):
     family: Literal["qwen2", "gpt2"] = "qwen2"  # embedded architecture (RoPE vs learned absolute positions)
 
 
+DEFAULT_METHOD = "sft_cot"  # a trial or sweep that names no method trains on the full chain
+
+
 class MethodCfg(Strict):
     name: str  # a registered method (python -m stabray methods)
     params: dict[str, Any] = {}
 
 
 class TrainCfg(Strict):
-    epochs: int = Field(8, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    """The training loop's settings (stabray.train.loop.Trainer takes this object)."""
+
+    epochs: int = Field(8, ge=1)  # passes over the training split (ASHA's time unit)
+    batch_size: int = Field(32, ge=1)  # examples per optimisation step
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)  # AdamW peak learning rate
     weight_decay: float = Field(0.01, ge=0)
-    warmup_steps: int = Field(20, ge=0)
-    schedule: Literal["cosine", "constant"] = "cosine"
-    grad_clip: float = Field(1.0, ge=0)
-    max_steps_per_epoch: int = Field(0, ge=0)
-    threads: int = Field(0, ge=0)
+    warmup_steps: int = Field(20, ge=0)  # linear warm-up, then `schedule`
+    schedule: Literal["cosine", "constant"] = "cosine"  # cosine: down to 10% of lr over all epochs
+    grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 = off
+    max_steps_per_epoch: int = Field(0, ge=0)  # 0 = the whole split; > 0 caps an epoch (tests, smoke runs)
+    threads: int = Field(0, ge=0)  # torch CPU threads; 0 = leave torch's default (Ray sets it from num_cpus)
 
 
 class EvalCfg(Strict):
@@ -82,7 +87,7 @@ class TrialConfig(Strict):
 
     task: TaskCfg
     model: ModelCfg = ModelCfg()
-    method: MethodCfg = MethodCfg(name="sft_cot")
+    method: MethodCfg = MethodCfg(name=DEFAULT_METHOD)
     train: TrainCfg = TrainCfg()
     eval: EvalCfg = EvalCfg()
     seed: int = 0  # training seed: initialisation, shuffling, step resampling
@@ -168,7 +173,7 @@ class SweepSpec(Strict):
     description: str = ""
     task: TaskCfg
     model: ModelCfg = ModelCfg()
-    method: MethodCfg = MethodCfg(name="alg1")
+    method: MethodCfg = MethodCfg(name=DEFAULT_METHOD)
     # Several methods in one sweep: each its own Optuna study and search space (the method keys of
     # search.space are dropped; its other keys, e.g. lr, are shared), num_samples trials each.
     methods: list[str | MethodEntry] | None = None

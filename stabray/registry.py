@@ -1,10 +1,12 @@
-"""One generic registry for tasks and methods: a name is defined once, aliases point at it, and an
-unknown name fails with "did you mean ..." and the list of what exists."""
+"""One generic registry for tasks, methods and trial runners: a name is written once (at
+registration, which also sets the class's `name`), aliases point at it, and an unknown name fails
+with "did you mean ..." and the list of what exists."""
 
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from stabray.errors import UserError
 
@@ -12,19 +14,27 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
-        self.kind = kind  # "task" or "method": used in error messages
+    def __init__(self, kind: str, on_register: Callable[[str, T], None] | None = None):
+        self.kind = kind  # "task", "method", "runner": used in error messages
+        self.on_register = on_register  # called with (name, obj) once registered, e.g. to check obj
         self._items: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
 
     def register(self, name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+        """Class decorator: registers the class under `name` and sets `cls.name = name`."""
+
         def deco(obj: T) -> T:
             for key in (name, *aliases):
                 if key in self._items or key in self._aliases:
                     raise ValueError(f"{self.kind} {key!r} is registered twice")
+            if "name" in vars(obj):
+                raise ValueError(f"{self.kind} {name!r}: the registration names the class; drop its `name` attribute")
+            obj.name = name
             self._items[name] = obj
             for a in aliases:
                 self._aliases[a] = name
+            if self.on_register is not None:
+                self.on_register(name, obj)
             return obj
 
         return deco
@@ -35,7 +45,7 @@ class Registry(Generic[T]):
         if name in self._aliases:
             return self._aliases[name]
         known = sorted([*self._items, *self._aliases])
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
         hint = f" did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise UserError(f"unknown {self.kind} {name!r};{hint} available: {', '.join(sorted(self._items))}")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from stabray.config import (
     set_path,
 )
 from stabray.errors import SpecError, UserError
+from stabray.record import searchable_metrics
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
@@ -166,10 +166,6 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")
     for key, values in sample_points(spec).items():
         p = space_path(key)
-        if key == "lr" or p == "train.lr":
-            bad = [v for v in values if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v))]
-            if bad:
-                raise SpecError(where, f"search.space.{key}", f"learning rate must be > 0, got {bad[0]}")
         for v in values:
             trial = copy.deepcopy(base)
             set_path(trial, p, v)
@@ -192,7 +188,7 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
         ranged = [k for k, d in spec.search.space.items() if d.kind() != "choice"]
         if ranged:
             raise SpecError(where, f"search.space.{ranged[0]}", "a grid search takes only `choice` distributions")
-    per_epoch = ("val_acc", "eaf", "train_loss", "val_loss", "val_infer_loss")  # the last two: ICL tasks
+    per_epoch = searchable_metrics()
     if spec.search.metric not in per_epoch:
         raise SpecError(
             where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {spec.search.metric!r}"

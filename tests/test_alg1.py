@@ -14,7 +14,7 @@ from stabray.tasks import get_task
 
 
 def ref_quantize(w: np.ndarray, bits: int) -> np.ndarray:
-    """Independent numpy statement of design.md's quantizer, row by row."""
+    """Independent numpy statement of the quantizer in docs/design.md, row by row."""
     out = np.empty_like(w)
     for r, row in enumerate(w):
         if bits == 1:

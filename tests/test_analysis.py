@@ -13,10 +13,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis.load import TrialRecord, decomposition_frame, load_ray, trials_frame
+from analysis.load import load_ray
 from analysis.rerun import expand_seeds, plan_reruns, seed_plan
 from analysis.select import mean_std, select_best
 from analysis.tables import MISSING, Table, eaf_reduction, latex_escape, table1, table1_length, table3, table4, table5
+from stabray.record import TrialRecord, decomposition_frame, trials_frame
 
 
 def rec(

@@ -9,7 +9,7 @@ import torch
 
 from stabray.models.icl import ICLTransformer, construction, pv_scale_for
 from stabray.tasks import TASKS, get_task
-from stabray.train.run import make_run
+from stabray.train import make_run
 
 
 def _constructed(task):
@@ -44,7 +44,10 @@ def test_gd_chain_uses_the_paper_defaults_and_converges():
         assert err[-1] < err[1]  # the ground-truth chain approaches theta*
     ex = lin.sample(np.random.RandomState(0), 3)
     assert len(ex.steps) == 2 and ex.final.startswith("[")
-    assert TASKS.get("icl_quadratic").runner == "stabray.train.icl:ICLRun"
+    from stabray.train import RUNNERS
+    from stabray.train.icl import ICLRun
+
+    assert RUNNERS.get(TASKS.get("icl_quadratic").runner) is ICLRun
 
 
 def test_bad_params_are_errors():
@@ -87,14 +90,12 @@ def test_trained_linear_jacobian_matches_theory(tmp_path):
 
 
 def test_runner_through_make_run_final_and_checkpoint(tmp_path):
-    from stabray.tune.trainable import final_stability
-
     run = make_run(_cfg(tmp_path, epochs=1))
     m = run.epoch()
     assert {"train_loss", "val_acc", "eaf"} <= m.keys()
     m.update(run.final())
     m.update(run.best_epoch())
-    m.update(final_stability(run))
+    m.update(run.final_stability())
     T = run.T
     for k in ("infer_loss", "tf_loss", "infer_star", "step_noise", "weight_noise", "jac_norm", "theory_norm", "eaf"):
         assert f"{k}_T{T}" in m and np.isfinite(m[f"{k}_T{T}"])
@@ -115,7 +116,7 @@ def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     assert np.isfinite(m["weight_noise_loss_increase"]) and "test_long_acc" in m
     run.save(tmp_path / "ck")
     assert json.loads((tmp_path / "ck" / "icl_curves.json").read_text())["T"] == list(range(1, T + 1))
-    from stabray.train.run import load_run
+    from stabray.train import load_run
 
     again = load_run(tmp_path / "ck")
     assert again.trainer.epoch == 1 and again.curves
@@ -261,9 +262,9 @@ def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
     """--experiment picks the trial with the best validation accuracy, plots its checkpoint, and
     falls back to the run's `<curve>_T<t>` metrics when the checkpoint is not on this machine."""
     from analysis.cli import main as analysis_main
+    from stabray.record import trial_params
     from stabray.tracking import Store
     from stabray.tracking.store import CHECKPOINT
-    from stabray.tune.callbacks import trial_params
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
@@ -318,34 +319,30 @@ def test_icl_figures_best_trial_of_an_mlflow_experiment(tmp_path, monkeypatch):
 
 def test_sweep_summary_speaks_of_icl_metrics(capsys):
     """The closing table of an ICL sweep shows the GD-step metrics and explains val_acc as the 5% rule."""
-    from types import SimpleNamespace
-
+    from stabray.config import get_path
+    from stabray.record import TrialRecord, trial_params
     from stabray.spec import load_spec
     from stabray.tune.summary import print_summary
 
     spec, _ = load_spec("icl_quadratic")
-    grid = [
-        SimpleNamespace(
-            config={**spec.trial_base(), "seed": 7 + i},
-            error=None,
-            metrics={
-                "trial_id": f"t{i}",
-                "training_iteration": 8,
-                "val_acc": acc,
-                "best_val_acc": acc,
-                "test_acc": acc,
-                "test_long_acc": acc,
-                "val_loss": 1e-6 * (i + 1),
-                "test_infer_loss": 3e-4,
-                "eaf": 18.4,
-                "final_eaf": 18.7,
-                "jac_err_max": 0.011,
-                "loss_gap": 2e-4,
-            },
-        )
-        for i, acc in enumerate((0.5, 1.0))
-    ]
-    df = print_summary(spec, grid, {"tracking_uri": "sqlite:////x.db", "experiment": "icl_quadratic"}, 60.0)
+    records = []
+    for i, acc in enumerate((0.5, 1.0)):
+        config = {**spec.trial_base(), "seed": 7 + i}
+        params = {**trial_params(config), "init_gain": get_path(config, "task.params.init_gain")}
+        metrics = {
+            "val_acc": acc,
+            "best_val_acc": acc,
+            "test_acc": acc,
+            "test_long_acc": acc,
+            "val_loss": 1e-6 * (i + 1),
+            "test_infer_loss": 3e-4,
+            "eaf": 18.4,
+            "final_eaf": 18.7,
+            "jac_err_max": 0.011,
+            "loss_gap": 2e-4,
+        }
+        records.append(TrialRecord(f"t{i}", params, metrics, [(8, acc)], "FINISHED", config=config))
+    df = print_summary(spec, records, {"tracking_uri": "sqlite:////x.db", "experiment": "icl_quadratic"}, 60.0)
     out = capsys.readouterr().out
     assert df["trial_id"].to_list() == ["t1", "t0"] and df["val_loss"].to_list() == [2e-6, 1e-6]
     assert df["seed"].to_list() == [8, 7] and df["init_gain"].to_list() == [0.5, 0.5]  # the searched paths

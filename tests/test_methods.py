@@ -21,7 +21,7 @@ from stabray.methods.coconut import LATENT
 from stabray.methods.implicit_cot import drop_leading_tokens
 from stabray.methods.qat import quantize
 from stabray.tasks import extract_final, get_task
-from stabray.tasks.base import _TOKEN, Example
+from stabray.tasks.base import TOKEN_RE, Example
 from stabray.train.run import TrialRun
 
 # Method settings that exercise each method's mechanics within 3 epochs (unknown methods: defaults).
@@ -92,7 +92,7 @@ def test_gradients_on_every_weight_of_the_embedded_model(name, cache_dir):
     run = TrialRun(config(cache_dir, name))
     params = dict(run.model.named_parameters())
     assert all(p.requires_grad for p in params.values())  # from scratch: everything trains
-    run.method.step(run.model, fixed_batch(run, EPOCHS - 1), run.trainer.optimizer)
+    run.method.step(run.model, fixed_batch(run, EPOCHS - 1))
     assert {n for n, p in params.items() if p.grad is not None} == set(params)
 
 
@@ -179,7 +179,7 @@ def test_implicit_removes_leading_steps_linearly(per_epoch):
 
 
 def test_implicit_token_unit_cuts_inside_a_step():
-    n_tok = [len(_TOKEN.findall(s)) for s in EX.steps]  # 5 tokens each: [ 0 0 1 ]
+    n_tok = [len(TOKEN_RE.findall(s)) for s in EX.steps]  # 5 tokens each: [ 0 0 1 ]
     m = get_method("implicit_cot", remove_per_epoch=3, unit="tokens")
     rng = np.random.default_rng(0)
     assert m.train_view(EX, 0, rng)[1] == EX.steps
@@ -187,7 +187,7 @@ def test_implicit_token_unit_cuts_inside_a_step():
     assert m.train_view(EX, 2, rng)[1] == ("0 0 0]", "[1 0 0]")  # 6 = the first step and "["
     for n in range(sum(n_tok) + 2):
         kept = drop_leading_tokens(EX.steps, n)
-        assert sum(len(_TOKEN.findall(s)) for s in kept) == max(0, sum(n_tok) - n)
+        assert sum(len(TOKEN_RE.findall(s)) for s in kept) == max(0, sum(n_tok) - n)
     with pytest.raises(UserError, match="unit"):
         get_method("implicit_cot", unit="words")
 
@@ -364,7 +364,7 @@ def test_nso_gradient_is_the_symmetric_average(m):
     W = model.lin.weight.detach().clone()
     method = get_method("nso", sigma=0.3, samples=m)
     torch.manual_seed(123)
-    loss = method.step(model, {"x": x}, None)
+    loss = method.step(model, {"x": x})
     torch.manual_seed(123)  # the same noise draws, by hand
     expect, expect_loss = torch.zeros_like(W), 0.0
     for _ in range(m):

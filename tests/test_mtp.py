@@ -93,7 +93,7 @@ def test_only_intended_parameters_get_gradients():
     )
     # the full loss (step) reaches every parameter of the trunk and the heads
     model.zero_grad(set_to_none=True)
-    method.step(model, batch, optimizer=None)
+    method.step(model, batch)
     assert all(p.grad is not None for p in model.parameters())
 
 
@@ -154,7 +154,8 @@ def star_config(cache_dir, method):
 
 
 def test_mtp_trial_trains_and_checkpoints(cache_dir, tmp_path):
-    from stabray.train.run import TrialRun, load_run
+    from stabray.train import load_run
+    from stabray.train.run import TrialRun
 
     run = TrialRun(star_config(cache_dir, {"name": "mtp", "params": {"k": 3, "head": "linear", "bits": 4}}))
     ms = [run.epoch() for _ in range(4)]

@@ -144,10 +144,10 @@ def test_multi_method_sweep_groups_trials_by_method(tmp_path, monkeypatch, capsy
 
 
 def test_method_flag_runs_one_method_with_its_space(tmp_path):
-    from stabray.commands.sweep import _method_space_overrides
+    from stabray.commands.sweep import method_space_overrides
     from stabray.spec import load_spec
 
-    spec, _ = load_spec("dijkstra", _method_space_overrides("dijkstra", "nso") | {"method.name": "nso"})
+    spec, _ = load_spec("dijkstra", method_space_overrides("dijkstra", "nso") | {"method.name": "nso"})
     assert spec.method.name == "nso" and not spec.methods
     assert "method.params.sigma" in spec.search.space and "lam" not in spec.search.space
     assert "lr" in spec.search.space

@@ -9,7 +9,8 @@ import torch
 
 from stabray.config import parse_trial_config
 from stabray.errors import UserError
-from stabray.train.run import TrialRun, load_run
+from stabray.train import load_run
+from stabray.train.run import TrialRun
 
 
 def tiny_config(cache_dir, **over):

@@ -2,7 +2,7 @@
 (Table 2's columns for T = 1..T_max) of a trained checkpoint on its test split; prints the table,
 writes stability.csv and stability.json to --out, and logs them to the run under `stability/`.
 
-A checkpoint directory is what `TrialRun.save` writes (state.pt, tokenizer/, trial_config.json).
+A checkpoint directory is what a trial runner's `save` writes (state.pt, trial_config.json, tokenizer/).
 A run id is resolved to its checkpoint by `stabray.tracking.checkpoint_dir_of(run_id)`.
 """
 
@@ -34,19 +34,13 @@ def register(subparsers) -> None:
 
 
 def _resolve(target: str, tracking_uri: str | None) -> tuple[Path, str | None]:
+    """(checkpoint directory, MLflow run id or None) of a directory or a run id."""
+    from stabray.tracking import checkpoint_dir_of
+
     path = Path(target)
     if path.is_dir():
         return path, None
-    import stabray.tracking as tracking
-
-    resolve = getattr(tracking, "checkpoint_dir_of", None)
-    if resolve is None:
-        raise UserError(
-            f"{target!r} is not a directory, and resolving an MLflow run id to its checkpoint needs "
-            "stabray.tracking.checkpoint_dir_of (not available in this checkout); "
-            "pass the checkpoint directory and --run-id"
-        )
-    return Path(resolve(target, tracking_uri)), target
+    return Path(checkpoint_dir_of(target, tracking_uri)), target
 
 
 def run(args) -> int:
@@ -54,45 +48,20 @@ def run(args) -> int:
         raise UserError("--n, --iters and --token-cap must be >= 1")
     ckpt, run_id = _resolve(args.target, args.tracking_uri)
     run_id = args.run_id or run_id
-    from stabray.stability.decomposition import decompose
-    from stabray.train.checkpoint import load_run
+    from stabray.train import StabilityOptions, load_run
 
     trial = load_run(ckpt)
-    method = getattr(trial, "method", None)
-    if not hasattr(trial, "encoder"):  # a continuous task (icl_*): exact Jacobians, the runner's own table
-        rows = trial.decomposition(args.n)
-        examples = range(min(args.n, len(trial.data["test"][0])))
-    elif method is not None and method.latent_thoughts:
-        # Latent thoughts have no true value, so eps_t, r_t and the bound are undefined: the EAF over
-        # the latent steps per T is what is measurable.
-        from stabray.stability import eaf_from_norms, estimate_eaf
-
-        examples = trial.data["test"][: args.n]
-        res = estimate_eaf(
-            trial.model,
-            trial.eval_encoded("test", args.n),
-            iters=args.iters,
-            token_cap=args.token_cap,
-            aggregation=args.aggregation,
-            include_question=args.include_question,
-            method=method,
-        )
-        rows = [{"T": T, "eaf": eaf_from_norms(res.norms, T, args.include_question)} for T in range(1, res.T + 1)]
-        print(
-            f"method {method.name!r} reasons in latent thoughts: the steps are its {res.T - 1} latent slots; "
-            "the eq. (4) terms need true step values, so only the EAF per T is reported"
-        )
-    else:
-        examples = trial.data["test"][: args.n]
-        rows = decompose(
-            trial.model,
-            trial.encoder,
-            examples,
-            iters=args.iters,
-            token_cap=args.token_cap,
-            aggregation=args.aggregation,
-            include_question=args.include_question,
-        )
+    opts = StabilityOptions(
+        n=args.n,
+        iters=args.iters,
+        token_cap=args.token_cap,
+        aggregation=args.aggregation,
+        include_question=args.include_question,
+    )
+    table = trial.stability_table(opts)
+    if table.note:
+        print(table.note)
+    rows = table.rows
     out = Path(args.out) if args.out else ckpt / "stability"
     out.mkdir(parents=True, exist_ok=True)
     import polars as pl
@@ -105,7 +74,7 @@ def run(args) -> int:
         json.dumps(
             {
                 "checkpoint": str(ckpt),
-                "n": len(examples),
+                "n": table.n_examples,
                 "iters": args.iters,
                 "token_cap": args.token_cap,
                 "aggregation": args.aggregation,
@@ -122,6 +91,6 @@ def run(args) -> int:
     if run_id:
         from stabray.tracking import log_artifacts
 
-        log_artifacts(run_id, out, "stability", tracking_uri=args.tracking_uri)
+        log_artifacts(run_id, out, "stability", args.tracking_uri)
         print(f"logged to run {run_id} under stability/")
     return 0

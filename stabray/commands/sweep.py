@@ -59,19 +59,22 @@ def run(args) -> int:
 
     overrides = parse_overrides(args)
     if args.method:
-        overrides.update(_method_space_overrides(args.spec, args.method))
+        overrides.update(method_space_overrides(args.spec, args.method))
     spec, path = load_spec(args.spec, overrides)  # every error here exits 2, before Ray starts
     if args.dry_run:
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         return 0
+    from stabray.tracking import Store
     from stabray.tune.summary import print_summary
     from stabray.tune.sweep import run_sweep
 
     t0 = time.perf_counter()
-    grid, info = run_sweep(
+    _, info = run_sweep(
         spec, path, tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume, address=args.address
     )
-    print_summary(spec, grid, info, time.perf_counter() - t0)
+    parents = {info["parent_run_id"], *info["groups"].values()}
+    records, _ = Store(info["tracking_uri"], info["experiment"]).trial_records(stability=False, parents=parents)
+    print_summary(spec, records, info, time.perf_counter() - t0)
     if not info.get("complete", True):
         print(
             f"the sweep was interrupted before all {spec.search.num_samples} trials ended; continue it with:\n"
@@ -81,7 +84,7 @@ def run(args) -> int:
     return 0
 
 
-def _method_space_overrides(spec_name: str, method: str) -> dict:
+def method_space_overrides(spec_name: str, method: str) -> dict:
     """--method X: X alone, searching its own default space plus the spec's non-method keys (lr...)."""
     from stabray.config import read_yaml
     from stabray.methods import METHODS

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 
 from stabray.tasks import TASKS, get_task
-from stabray.tasks.base import _TOKEN, Task
+from stabray.tasks.base import TOKEN_RE, Task
 
 SPLITS = ("test", "test_long", "test_longer")  # default size, +10%, +20%
 
@@ -19,7 +19,7 @@ SPLITS = ("test", "test_long", "test_longer")  # default size, +10%, +20%
 def count_tokens(text: str) -> int:
     """Tokens of the embedded word-level tokenizer: its pre-tokenizer is this regex and every
     pre-token is one vocabulary entry, so the count is exact."""
-    return len(_TOKEN.findall(text))
+    return len(TOKEN_RE.findall(text))
 
 
 def task_stats(task: Task, n: int = 50, seed: int = 0) -> list[dict]:

@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from stabray.tasks.base import _TOKEN
+from stabray.tasks.base import TOKEN_RE
 
-PRE_TOKEN_PATTERN = _TOKEN.pattern  # one source of truth with normalize_answer()
+PRE_TOKEN_PATTERN = TOKEN_RE.pattern  # one source of truth with normalize_answer()
 SPECIALS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
 LATENT_TOKENS = ("<bot>", "<eot>", "<latent>")  # Coconut's markers; reserved for every model
 N_INTEGERS = 128  # integers 0..127 are always in the vocabulary (node ids of larger graphs)
 
 
 def pre_tokens(text: str) -> list[str]:
-    return _TOKEN.findall(text)
+    return TOKEN_RE.findall(text)
 
 
 def build_tokenizer(texts: Iterable[str]):

@@ -87,7 +87,6 @@ class Alg1Params:
 
 @METHODS.register("alg1")
 class Alg1(Method):
-    name = "alg1"
     Params = Alg1Params
 
     def validate(self) -> None:

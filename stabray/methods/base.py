@@ -47,27 +47,15 @@ def load_spaces() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 class Method:
-    name: ClassVar[str]
+    name: ClassVar[str]  # set by METHODS.register
     Params: ClassVar[type] = NoParams
     # Default Optuna/Ray search space of this method's hyperparameters: {param: spec}, where spec is
     # {"choice": [...]}, {"loguniform": [lo, hi]}, {"uniform": [lo, hi]} or {"randint": [lo, hi]}.
-    # Filled from spaces.yaml (the entry under the method's name) when the subclass is defined.
+    # Filled from spaces.yaml (the entry under the method's name) when the method is registered.
     default_space: ClassVar[dict[str, dict[str, Any]]] = {}
-
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        name = cls.__dict__.get("name")
-        if name is None or "default_space" in cls.__dict__:
-            return
-        space = load_spaces().get(name, {})
-        known = {f.name for f in dataclasses.fields(cls.Params)}
-        for key in space:
-            if key not in known:
-                raise UserError(
-                    f"{SPACES_FILE}: method {name!r} has no hyperparameter {key!r}; "
-                    f"known: {', '.join(sorted(known)) or '(none)'}"
-                )
-        cls.default_space = space
+    # What the method means for the logged lam / bits when it has no such hyperparameter (the trial
+    # record logs these next to its own hyperparameters; SFT-CoT: every step, full precision).
+    implied_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any):
         names = {f.name for f in dataclasses.fields(self.Params)}
@@ -82,9 +70,6 @@ class Method:
 
     def validate(self) -> None:
         """Raise UserError for impossible values."""
-
-    def hparams(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.params)
 
     # -- hooks the training loop calls ---------------------------------------------------------
     def bind_tokenizer(self, tokenizer) -> None:
@@ -139,14 +124,27 @@ class Method:
         """Mean next-token cross-entropy over the answer tokens."""
         return model(**batch).loss
 
-    def step(self, model, batch, optimizer) -> float:
+    def step(self, model, batch) -> float:
         """One optimisation step's forward and backward; returns the loss. NSO overrides this."""
         loss = self.loss(model, batch)
         loss.backward()
         return float(loss.detach())
 
 
-METHODS: Registry[type[Method]] = Registry("method")
+def _attach_space(name: str, cls: type[Method]) -> None:
+    """Registration hook: the method's default space from spaces.yaml, its keys checked against Params."""
+    space = load_spaces().get(name, {})
+    known = {f.name for f in dataclasses.fields(cls.Params)}
+    for key in space:
+        if key not in known:
+            raise UserError(
+                f"{SPACES_FILE}: method {name!r} has no hyperparameter {key!r}; "
+                f"known: {', '.join(sorted(known)) or '(none)'}"
+            )
+    cls.default_space = space
+
+
+METHODS: Registry[type[Method]] = Registry("method", on_register=_attach_space)
 
 
 def get_method(name: str, **params: Any) -> Method:

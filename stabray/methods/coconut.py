@@ -52,7 +52,6 @@ class CoconutParams:
 
 @METHODS.register("coconut")
 class Coconut(Method):
-    name = "coconut"
     Params = CoconutParams
 
     def __init__(self, **params):

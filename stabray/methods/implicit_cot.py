@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from stabray.errors import UserError
 from stabray.methods.base import METHODS, Method
-from stabray.tasks.base import _TOKEN
+from stabray.tasks.base import TOKEN_RE
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def drop_leading_tokens(steps: tuple[str, ...], n: int) -> tuple[str, ...]:
     """The steps with their first n task tokens removed; a partly removed step keeps its tail text."""
     out = list(steps)
     while out and n > 0:
-        toks = list(_TOKEN.finditer(out[0]))
+        toks = list(TOKEN_RE.finditer(out[0]))
         if n >= len(toks):
             n -= len(toks)
             out.pop(0)
@@ -50,7 +50,6 @@ def drop_leading_tokens(steps: tuple[str, ...], n: int) -> tuple[str, ...]:
 
 @METHODS.register("implicit_cot")
 class ImplicitCoT(Method):
-    name = "implicit_cot"
     Params = ImplicitCoTParams
 
     def validate(self) -> None:

@@ -92,9 +92,7 @@ class MTPParams:
 
 @METHODS.register("mtp")
 class MTP(Method):
-    name = "mtp"
     Params = MTPParams
-    default_space = {"k": {"choice": [2, 3, 4, 5, 6, 7]}, "head": {"choice": ["linear", "mlp"]}}
 
     def validate(self) -> None:
         p = self.params

@@ -6,7 +6,6 @@ from stabray.methods.base import METHODS, Method
 
 @METHODS.register("no_cot")
 class NoCoT(Method):
-    name = "no_cot"
     chain_at_eval = False  # eval prompt = question_nohint, gold target = the final alone
 
     def train_view(self, ex, epoch, rng):

@@ -28,7 +28,6 @@ class NSOParams:
 
 @METHODS.register("nso")
 class NSO(Method):
-    name = "nso"
     Params = NSOParams
 
     def validate(self) -> None:
@@ -37,7 +36,7 @@ class NSO(Method):
         if self.params.samples < 1:
             raise UserError(f"method 'nso': samples must be >= 1, got {self.params.samples}")
 
-    def step(self, model, batch, optimizer) -> float:
+    def step(self, model, batch) -> float:
         params = self.trainable_parameters(model)
         m, sigma = self.params.samples, self.params.sigma
         with torch.no_grad():

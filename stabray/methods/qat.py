@@ -1,5 +1,5 @@
 """Quantization-aware training: weights fake-quantized in the forward pass, straight-through
-gradients (design.md §3).
+gradients (docs/design.md, "Quantization-aware training").
 
 Uniform, symmetric, one scale per output channel (row of W):
 - 1 bit: `sign(W) * alpha`, alpha = mean|W| of the row, sign(0) = +1 (the XNOR-Net scale).

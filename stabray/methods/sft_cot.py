@@ -5,4 +5,4 @@ from stabray.methods.base import METHODS, Method
 
 @METHODS.register("sft_cot")
 class SFTCoT(Method):
-    name = "sft_cot"
+    implied_params = {"lam": 1.0, "bits": 32}  # every step, full precision

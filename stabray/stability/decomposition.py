@@ -40,8 +40,9 @@ from typing import Callable
 import torch
 
 from stabray.data.encode import Encoder
+from stabray.record import DECOMP_KEYS
 from stabray.stability.jacobian import (
-    _assemble,
+    assemble_norms,
     batched_norms,
     blocks_of,
     embedding_matrix,
@@ -52,7 +53,7 @@ from stabray.stability.jacobian import (
 )
 from stabray.tasks.base import FINAL_SEP, STEP_SEP, Example
 
-ROW_KEYS = ("T", "loss_gap", "bound", "ratio", "first_order", "second_order", "C1", "C2", "eaf", "sum_eps")
+ROW_KEYS = tuple(DECOMP_KEYS)  # the row layout is the trial record's (stabray.record)
 
 
 # ---------------------------------------------------------------- generation
@@ -155,7 +156,7 @@ def decompose(
         c2_sig = batched_norms(
             model, encoded, probes, iters=iters, batch_size=batch_size, seed=seed, delta_rel=c2_delta
         )
-        c2_pairs = torch.nan_to_num(_assemble(probes, c2_sig, jac.T), nan=0.0).amax(0)  # (T+1, T+1)
+        c2_pairs = torch.nan_to_num(assemble_norms(probes, c2_sig, jac.T), nan=0.0).amax(0)  # (T+1, T+1)
 
         max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
         gens = _greedy(model, encoder, [e.question for e in examples], max_new)

@@ -319,7 +319,7 @@ def _start_vectors(seed: int, index: int, P: int, C: int, d: int) -> torch.Tenso
     return torch.randn(P, C, d, generator=g)
 
 
-def _assemble(probes: list[_Probes], sig: list[torch.Tensor], T: int) -> torch.Tensor:
+def assemble_norms(probes: list[_Probes], sig: list[torch.Tensor], T: int) -> torch.Tensor:
     """Per-example (N, T+1, T+1) norms; token_mean probes are averaged into their (i, t) block."""
     out = torch.full((len(probes), T + 1, T + 1), float("nan"), dtype=torch.float64)
     for n, (pr, s) in enumerate(zip(probes, sig)):
@@ -384,7 +384,7 @@ def estimate_eaf(
         prefix_cache=prefix_cache,
         method=method,
     )
-    return _result(_assemble(probes, sig, T), T, include_question)
+    return _result(assemble_norms(probes, sig, T), T, include_question)
 
 
 def _chunks(probes: list[_Probes], idxs: list[int], Pmax: int, prefix_cache: bool, max_rows: int):
@@ -577,4 +577,4 @@ def estimate_eaf_loop(
                     v = w / w.norm().clamp_min(1e-30)
                 out.append(s)
             sig.append(torch.tensor(out))
-    return _result(_assemble(probes, sig, T), T, include_question)
+    return _result(assemble_norms(probes, sig, T), T, include_question)

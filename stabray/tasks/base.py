@@ -57,12 +57,14 @@ class Example:
         }
 
 
-_TOKEN = re.compile(r"\d+\.\d+|\d+|[A-Za-z_]+|[^\s\w]")
+# The tokens of the task texts: a decimal number, an integer, a word, or one symbol. Answers are
+# compared token by token (normalize_answer), and the embedded tokenizer has one entry per token.
+TOKEN_RE = re.compile(r"\d+\.\d+|\d+|[A-Za-z_]+|[^\s\w]")
 
 
 def normalize_answer(text: str) -> str:
     """Canonical token string of an answer, so "[1  2]" and "[1 2]" compare equal but "[12]" not."""
-    return " ".join(_TOKEN.findall(text))
+    return " ".join(TOKEN_RE.findall(text))
 
 
 def extract_final(generated: str) -> str:
@@ -85,6 +87,7 @@ class Task:
     version: ClassVar[str] = "1"
     Params: ClassVar[type]  # frozen dataclass of generator parameters
     size_field: ClassVar[str]  # the parameter that length generalization grows (nodes, variables)
+    runner: ClassVar[str] = "text"  # the trial runner (stabray.train.runner.RUNNERS) that trains on it
     min_size: ClassVar[int] = 2
 
     def __init__(self, **params: Any):

@@ -1,6 +1,6 @@
 """CLRS-Text graph algorithms (Markeeva et al. 2024, CLRS code >= 2.0.2 format).
 
-Sampling, per example, with one seeded RandomState and in this order (design.md §3):
+Sampling, per example, with one seeded RandomState and in this order (docs/design.md, "Tasks"):
 edge mask `binomial(1, p, (n, n))`, symmetrised for undirected graphs (`mat *= mat.T`, so an edge
 appears with probability p², self-loops possible); weights `uniform(0, 1, (n, n))`, `w *= w.T`,
 `w = sqrt(w + 1e-3)`; `A = mat * w` truncated to `decimals` places *before* the algorithm runs;
@@ -103,7 +103,7 @@ class CLRSTask(Task):
 
     Params = GraphParams
     size_field = "n_nodes"
-    algo: str  # name printed in the question
+
     directed = False
     weighted = True
     has_source = True
@@ -132,7 +132,7 @@ class CLRSTask(Task):
         n = A.shape[0]
         inputs = [f"s: {s}"] if s is not None else []
         inputs += [f"A: {fmt_mat(A)}", f"initial_trace: {fmt_vec(trace[0])}"]
-        head = f"{self.algo}:\n{', '.join(inputs)}\n"
+        head = f"{self.name}:\n{', '.join(inputs)}\n"
         return Example(
             question=head + "trace | pi:\n",
             steps=tuple(fmt_vec(t) for t in trace[1:-1]),
@@ -170,8 +170,6 @@ class Dijkstra(CLRSTask):
         trace | pi:
         [3 1 2 3], [3 1 0 3], [3 2 0 3] | [3 2 0 3]
     """
-
-    name = algo = "dijkstra"
 
     def run(self, A, s):
         return dijkstra(A, s)
@@ -286,8 +284,6 @@ class BellmanFord(CLRSTask):
         [3 1 2 3], [3 1 0 3] | [3 2 0 3]
     """
 
-    name = algo = "bellman_ford"
-
     def run(self, A, s):
         return bellman_ford(A, s)
 
@@ -304,8 +300,6 @@ class MSTPrim(CLRSTask):
         trace | pi:
         [0 3 3 3], [0 3 3 3], [1 3 3 3] | [1 3 3 3]
     """
-
-    name = algo = "mst_prim"
 
     def run(self, A, s):
         return mst_prim(A, s)
@@ -324,7 +318,6 @@ class BFS(CLRSTask):
         [2 1 2 3] | [2 0 2 0]
     """
 
-    name = algo = "bfs"
     weighted = False
 
     def run(self, A, s):
@@ -345,7 +338,6 @@ class DFS(CLRSTask):
         [0 1 2], [0 1 0], [0 1 0], [0 2 0], [0 2 0], [0 2 0], [0 2 0] | [0 2 0]
     """
 
-    name = algo = "dfs"
     directed = True
     weighted = False
     has_source = False

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from stabray.errors import UserError
-from stabray.tasks.base import _TOKEN, TASKS, Example, Task
+from stabray.tasks.base import TASKS, TOKEN_RE, Example, Task
 
 OPS = ("+", "-", "*", "/")
 
@@ -88,7 +88,7 @@ class _Parser:
     number literals and checks that every intermediate result is a non-negative integer."""
 
     def __init__(self, text: str):
-        self.toks = _TOKEN.findall(text)
+        self.toks = TOKEN_RE.findall(text)
         self.i = 0
         self.literals: list[int] = []
 
@@ -170,7 +170,6 @@ class Countdown(Task):
         9 + 2 = 11, 11 - 2 = 9 | (9 + 2) - 2
     """
 
-    name = "countdown"
     Params = CountdownParams
     size_field = "n_numbers"
     min_size = 2

@@ -10,7 +10,7 @@ reasoning steps are the gradient-descent iterates on the squared loss (1/2n) sum
   D(theta) = diag(3 (X^T theta)^2 - y);   theta_0 = alpha0 * theta* (Theorem 3.4)
 
 The data are continuous vectors: `sample_arrays` draws a whole split at once and the runner
-(stabray.train.icl.ICLRun, named by `runner`) trains on them directly. `sample()` still returns an
+(the icl runner, stabray.train.icl.ICLRun) trains on them directly. `sample()` still returns an
 Example (the vectors rendered as text, 3 decimals) so `python -m stabray tasks / data` work.
 
 The parameters of the model and the evaluation live here too (a TrialConfig's task.params is the
@@ -89,7 +89,7 @@ class ICLTask(Task):
     kind: ClassVar[str]
     size_field = "T_max"
     min_size = 1
-    runner = "stabray.train.icl:ICLRun"  # make_run dispatches continuous tasks to their own runner
+    runner = "icl"  # continuous vectors: stabray.train.icl.ICLRun
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -165,13 +165,11 @@ class ICLTask(Task):
 
 @TASKS.register("icl_linear")
 class ICLLinear(ICLTask):
-    name = "icl_linear"
     kind = "linear"
     Params = ICLParams
 
 
 @TASKS.register("icl_quadratic")
 class ICLQuadratic(ICLTask):
-    name = "icl_quadratic"
     kind = "quadratic"
     Params = ICLQuadraticParams

@@ -133,7 +133,6 @@ class LegoCyclic(LegoTask):
         [3 n n n], [3 3 n n], [3 3 0 n] | [3 3 0 2]
     """
 
-    name = "lego_cyclic"
     modulus = 6
 
     def random_value(self, rng):
@@ -165,8 +164,6 @@ class LegoSymmetry(LegoTask):
         trace | values:
         [n n 51234], [n 43251 51234] | [35241 43251 51234]
     """
-
-    name = "lego_symmetry"
 
     def random_value(self, rng):
         return PERMS[rng.randint(len(PERMS))]

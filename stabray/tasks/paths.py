@@ -92,23 +92,21 @@ class StarGraph(PathTask):
         40, 39 | [31 40 39 6]
     """
 
-    name = "star_graph"
     Params = StarParams
     size_field = "path_len"
     min_size = 3  # at least one inner node, so there is one step
 
     def check_size(self, size: int) -> None:
         super().check_size(size)
-        p = self.params if hasattr(self, "params") else None
-        if p is not None:
-            if p.degree < 2:
-                raise UserError(f"task {self.name!r}: degree must be >= 2, got {p.degree}")
-            need = 1 + p.degree * (size - 1)
-            if need > p.pool:
-                raise UserError(
-                    f"task {self.name!r}: {need} nodes at path_len={size}, degree={p.degree} "
-                    f"do not fit in pool={p.pool}"
-                )
+        p = self.params  # set before Task.__init__ checks the size
+        if p.degree < 2:
+            raise UserError(f"task {self.name!r}: degree must be >= 2, got {p.degree}")
+        need = 1 + p.degree * (size - 1)
+        if need > p.pool:
+            raise UserError(
+                f"task {self.name!r}: {need} nodes at path_len={size}, degree={p.degree} "
+                f"do not fit in pool={p.pool}"
+            )
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
         self.check_size(size)
@@ -171,8 +169,8 @@ class TreeTask(PathTask):
 
     def check_size(self, size: int) -> None:
         super().check_size(size)
-        p = self.params if hasattr(self, "params") else None
-        if p is not None and 2 ** (size + 1) - 1 > p.pool:
+        p = self.params  # set before Task.__init__ checks the size
+        if 2 ** (size + 1) - 1 > p.pool:
             raise UserError(
                 f"task {self.name!r}: a depth-{size} tree has {2 ** (size + 1) - 1} nodes, more than pool={p.pool}"
             )
@@ -219,8 +217,6 @@ class BinaryTreePath(TreeTask):
         65 | [2 65 0]
     """
 
-    name = "binary_tree_path"
-
     def arrange(self, down):
         return down[1:-1], down
 
@@ -236,8 +232,6 @@ class TreePathBackward(TreeTask):
         trace | path:
         65 | [0 65 2]
     """
-
-    name = "tree_path_backward"
 
     def arrange(self, down):
         up = down[::-1]
@@ -256,8 +250,6 @@ class TreePathForward(TreeTask):
         trace | path:
         65, 2 | [2 65 0]
     """
-
-    name = "tree_path_forward"
 
     def arrange(self, down):
         up = down[::-1]

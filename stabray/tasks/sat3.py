@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from stabray.errors import UserError
-from stabray.tasks.base import _TOKEN, TASKS, Example, Task
+from stabray.tasks.base import TASKS, TOKEN_RE, Example, Task
 
 Clause = tuple[int, ...]  # signed variable indices, e.g. (1, -3, 4)
 
@@ -97,7 +97,7 @@ def parse_question(question: str) -> tuple[int, list[Clause]]:
 
 
 def parse_assignment(text: str, n: int) -> dict[int, int] | None:
-    toks = _TOKEN.findall(text)
+    toks = TOKEN_RE.findall(text)
     if len(toks) != n + 2 or toks[0] != "[" or toks[-1] != "]" or any(t not in ("0", "1") for t in toks[1:-1]):
         return None
     return {v: int(t) for v, t in enumerate(toks[1:-1], start=1)}
@@ -122,15 +122,14 @@ class Sat3(Task):
         decide 1 = 1, decide 2 = 1, unit 3 = 1, conflict, decide 2 = 0, unit 3 = 1 | [1 0 1]
     """
 
-    name = "sat3"
     Params = Sat3Params
     size_field = "n_vars"
     min_size = 3
 
     def check_size(self, size: int) -> None:
         super().check_size(size)
-        p = self.params if hasattr(self, "params") else None
-        if p is not None and not p.ratio > 0:
+        p = self.params  # set before Task.__init__ checks the size
+        if not p.ratio > 0:
             raise UserError(f"task {self.name!r}: ratio must be > 0, got {p.ratio}")
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:

@@ -1,5 +1,12 @@
 """MLflow tracking. The only package of stabray that imports mlflow."""
 
-from stabray.tracking.store import Store, checkpoint_dir_of, log_artifacts, resolve_tracking_uri
+from stabray.tracking.store import (
+    Store,
+    checkpoint_dir_of,
+    ended_status,
+    log_artifacts,
+    resolve_tracking_uri,
+    run_data,
+)
 
-__all__ = ["Store", "checkpoint_dir_of", "log_artifacts", "resolve_tracking_uri"]
+__all__ = ["Store", "checkpoint_dir_of", "ended_status", "log_artifacts", "resolve_tracking_uri", "run_data"]

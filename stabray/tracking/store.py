@@ -1,6 +1,6 @@
 """A thin layer over `mlflow.MlflowClient`: one experiment per sweep, a parent run per sweep, a
 child run per trial (tag `mlflow.parentRunId`), metrics sent with `log_batch` (one request per
-result, not one per key).
+result, not one per key), and trials read back as `stabray.record.TrialRecord`s.
 
 The default store is a sqlite database at an absolute path (`<cwd>/mlflow.db`): MLflow resolves a
 relative sqlite path against each process's working directory, and Ray workers run elsewhere.
@@ -11,12 +11,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from stabray.errors import UserError
+from stabray.record import TrialRecord, trial_status
+
 ROLE, SWEEP, TRIAL_ID = "stabray.role", "stabray.sweep", "stabray.trial_id"
 PARENT = "mlflow.parentRunId"
+CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
+STATUS = "stabray.status"  # tag: the trial's status when MLflow's own has no word for it (STOPPED)
+STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the scheduler stopped the trial
 
 
 def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: str | Path | None = None) -> str:
@@ -30,6 +37,11 @@ def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: 
     elif "://" not in uri:  # a bare path to a database file
         uri = "sqlite:///" + str(Path(uri).absolute())
     return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite tracking URI (None for any other store)."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def _client(uri: str):
@@ -49,14 +61,28 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class Store:
-    """Runs of one experiment in one tracking store."""
+    """Runs of one experiment in one tracking store. `Store(uri, name)` creates the experiment
+    when missing (a sweep); `Store.existing(uri, name)` only reads one that is there."""
 
-    def __init__(self, tracking_uri: str, experiment: str):
+    def __init__(self, tracking_uri: str, experiment: str, *, create: bool = True):
         self.uri, self.experiment = tracking_uri, experiment
         self.client = _client(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
+        if exp is None and not create:
+            names = [e.name for e in self.client.search_experiments()]
+            raise UserError(f"no MLflow experiment {experiment!r} at {tracking_uri}; available: {names}")
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
 
+    @classmethod
+    def existing(cls, tracking_uri: str | None, experiment: str) -> Store:
+        """An experiment to read (analysis, report): never creates a store or an experiment."""
+        uri = resolve_tracking_uri(tracking_uri)
+        db = sqlite_path(uri)
+        if db is not None and not db.exists():
+            raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
+        return cls(uri, experiment, create=False)
+
+    # -- writing ----------------------------------------------------------------------------
     def start_parent(self, sweep: str, run_name: str, spec: dict[str, Any]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={ROLE: "sweep", SWEEP: sweep})
         self.client.log_dict(run.info.run_id, spec, "sweep_spec.json")
@@ -106,17 +132,17 @@ class Store:
     def log_figure(self, run_id: str, fig, path: str) -> None:
         self.client.log_figure(run_id, fig, path)
 
+    def log_artifacts(self, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a folder's files to a run (stability tables, reports)."""
+        self.client.log_artifacts(run_id, str(local_dir), artifact_path)
+
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
-    def children(self, parent_id: str) -> list:
-        return self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{PARENT}` = '{parent_id}'", max_results=10000
-        )
-
+    # -- reading ----------------------------------------------------------------------------
     def find_child(self, parent_id: str, trial_id: str) -> str | None:
         runs = self.client.search_runs(
             [self.experiment_id],
@@ -130,35 +156,107 @@ class Store:
         hist = self.client.get_metric_history(run_id, key)
         return max((m.step for m in hist), default=0)
 
-    def latest_parent(self, sweep: str):
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        return runs[0] if runs else None
+    def all_runs(self) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], max_results=1000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def download_json(self, run_id: str, path: str) -> Any | None:
+        """An artifact parsed as JSON, or None when the run has no such artifact."""
+        parent = str(Path(path).parent) if "/" in path else None
+        try:
+            names = {a.path for a in self.client.list_artifacts(run_id, parent)}
+            if path not in names:
+                return None
+            with tempfile.TemporaryDirectory() as tmp:
+                local = self.client.download_artifacts(run_id, path, tmp)
+                return json.loads(Path(local).read_text())
+        except Exception as e:  # noqa: BLE001 - an unreadable artifact is missing data, not a crash
+            print(f"warning: run {run_id}: could not read {path}: {e}")
+            return None
+
+    def trial_records(
+        self, *, stability: bool = True, parents: set[str] | None = None
+    ) -> tuple[list[TrialRecord], str | None]:
+        """Every trial (child run) of the experiment, or only the children of `parents` (one
+        sweep's parent and method-group runs), and the sweep's parent run id (the oldest parent when
+        there are several, e.g. after a rerun). `stability=False` skips the eq. (4) tables
+        (artifacts: one download per trial)."""
+        parent_id, parent_start, records = None, 0, []
+        for run in self.all_runs():
+            tags = run.data.tags
+            role = tags.get(ROLE)
+            if role == "sweep":
+                if parent_id is None or run.info.start_time < parent_start:
+                    parent_id, parent_start = run.info.run_id, run.info.start_time
+                continue
+            if role == "method" or (role != "trial" and PARENT not in tags):
+                continue  # a multi-method sweep's per-method group run holds no trial
+            if parents is not None and tags.get(PARENT) not in parents:
+                continue
+            rid = run.info.run_id
+            params = dict(run.data.params)
+            for key in ("task", "method"):  # the tags name them too, should a param be missing
+                if key not in params and tags.get(f"stabray.{key}"):
+                    params[key] = tags[f"stabray.{key}"]
+            metrics = dict(run.data.metrics)
+            history = [(m.step, m.value) for m in self.client.get_metric_history(rid, "val_acc")]
+            status = tags.get(STATUS) or run.info.status  # MLflow's, unless the tag says STOPPED
+            records.append(
+                TrialRecord(
+                    trial_id=tags.get(TRIAL_ID) or rid,
+                    params=params,
+                    metrics=metrics,
+                    val_history=history,
+                    status=status,
+                    run_id=rid,
+                    decomposition=self.download_json(rid, "stability/decomposition.json") if stability else None,
+                )
+            )
+        return records, parent_id
 
 
-def log_artifacts(
-    run_id: str, local_dir: str | Path, artifact_path: str | None = None, tracking_uri: str | None = None
-) -> None:
-    """Upload a folder's files to a run (stability tables, reports)."""
-    _client(resolve_tracking_uri(tracking_uri)).log_artifacts(run_id, str(local_dir), artifact_path)
+def ended_status(last_result: dict[str, Any], error: bool) -> tuple[str, dict[str, str]]:
+    """(MLflow run status, tags) for a trial that ended: an ASHA-stopped trial is FINISHED in
+    MLflow (which has no word for it) with tags `stabray.status` = STOPPED and the epoch."""
+    status = trial_status(failed=error, done=True, has_final="test_acc" in last_result)
+    if status == "STOPPED":
+        epoch = last_result.get("epoch") or last_result.get("training_iteration")
+        return "FINISHED", {STATUS: "STOPPED", STOPPED_AT: str(int(epoch or 0))}
+    return status, {}
 
 
-CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
+def _get_run(run_id: str, tracking_uri: str | None):
+    uri = resolve_tracking_uri(tracking_uri)
+    db = sqlite_path(uri)
+    if db is not None and not db.exists():
+        raise UserError(f"{run_id!r} is not a directory, and there is no MLflow store at {db} to look it up in")
+    client = _client(uri)
+    try:
+        return client.get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per backend
+        raise UserError(f"no MLflow run {run_id!r} at {uri}: {e}") from None
+
+
+def run_data(run_id: str, tracking_uri: str | None = None) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
+    """(latest value of every metric, params, tags) of one run, by id."""
+    run = _get_run(run_id, tracking_uri)
+    return dict(run.data.metrics), dict(run.data.params), dict(run.data.tags)
+
+
+def log_artifacts(run_id: str, local_dir: str | Path, artifact_path: str | None, tracking_uri: str | None) -> None:
+    """Upload a folder's files to a run given by id (the `stability` command's tables)."""
+    run = _get_run(run_id, tracking_uri)
+    _client(resolve_tracking_uri(tracking_uri)).log_artifacts(run.info.run_id, str(local_dir), artifact_path)
 
 
 def checkpoint_dir_of(run_id: str, tracking_uri: str | None = None) -> str:
     """The last checkpoint directory a trial's run recorded (the `stability` command's input)."""
-    from stabray.errors import UserError
-
-    client = _client(resolve_tracking_uri(tracking_uri))
-    try:
-        run = client.get_run(run_id)
-    except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per backend
-        raise UserError(f"no MLflow run {run_id!r} at {client.tracking_uri}: {e}") from None
+    run = _get_run(run_id, tracking_uri)
     path = run.data.tags.get(CHECKPOINT)
     if not path:
         raise UserError(f"run {run_id} recorded no checkpoint (tag {CHECKPOINT}); is it a stabray trial?")
@@ -167,11 +265,3 @@ def checkpoint_dir_of(run_id: str, tracking_uri: str | None = None) -> str:
             f"run {run_id}'s checkpoint {path} is not on this machine (copy it here, then pass the directory)"
         )
     return path
-
-
-def run_artifact_uri(run_id: str, tracking_uri: str | None = None) -> str:
-    return _client(resolve_tracking_uri(tracking_uri)).get_run(run_id).info.artifact_uri
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=1, default=str)

@@ -1,7 +1,5 @@
-"""The runner of the in-context gradient-descent tasks (icl_linear, icl_quadratic; paper §3.2).
-
-Same interface as TrialRun (the Ray trainable, `make_run`, checkpoints): `epoch()`, `final()`,
-`best_epoch()`, `decomposition(n)`, `weight_noise(seeds)`, `save(dir)`, `load(dir)`.
+"""The "icl" trial runner: the in-context gradient-descent tasks (icl_linear, icl_quadratic; paper
+§3.2), behind the same `stabray.train.runner.Runner` protocol as the text runner.
 
 Training: squared loss ||f_W(z^(t-1)) - theta_t||^2 on every teacher-forced step of a chain (the
 `sft_cot` method; one forward per chain), AdamW with the trial's schedule. With task param
@@ -45,8 +43,8 @@ from stabray.errors import UserError
 from stabray.models.icl import build_icl_model
 from stabray.stability.jacobian import eaf_from_norms, rho_matrix
 from stabray.tasks import get_task
-from stabray.train.loop import TrainConfig, lr_schedule
-from stabray.train.run import best_epoch
+from stabray.train.loop import lr_schedule
+from stabray.train.runner import RUNNERS, Runner, StabilityOptions, StabilityTable
 
 DTYPE = torch.float64
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2, "test_long": 3, "test_longer": 4}
@@ -155,8 +153,9 @@ class ICLTrainer:
         self.epoch = int(state["epoch"])
 
 
-class ICLRun:
-    def __init__(self, config: dict[str, Any] | TrialConfig, tokenizer_dir=None):
+@RUNNERS.register("icl")
+class ICLRun(Runner):
+    def __init__(self, config: dict[str, Any] | TrialConfig, tokenizer_dir=None):  # no tokenizer: vectors
         self.cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
         c = self.cfg
         if c.method.name not in ("sft_cot",) or c.method.params:
@@ -168,7 +167,7 @@ class ICLRun:
             torch.set_num_threads(c.train.threads)
         self.task = get_task(c.task.name, **c.task.params)
         self.p = self.task.params
-        self.train_cfg = TrainConfig(**c.train.model_dump())
+        self.train_cfg = c.train
         self.T = self.p.T_max
         longs = self.task.long_sizes()
         self.splits_T = {"val": self.T, "test": self.T, **{s: longs[s] for s in c.eval.long_splits}}
@@ -328,9 +327,6 @@ class ICLRun:
         self.history.append({k: float(v) for k, v in m.items()})
         return m
 
-    def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
-        return best_epoch(self.history, metric)
-
     def final(self) -> dict[str, float]:
         """Test metrics plus every per-T curve as numeric metrics `<curve>_T<t>`."""
         ev = self.cfg.eval
@@ -409,6 +405,10 @@ class ICLRun:
                 }
             )
         return rows
+
+    def stability_table(self, opts: StabilityOptions) -> StabilityTable:
+        """The exact-Jacobian eq. (4) table (the estimator options do not apply: J is exact here)."""
+        return StabilityTable(self.decomposition(opts.n), min(opts.n, len(self.data["test"][0])))
 
     def weight_noise(self, seeds: int, sigma: float | None = None) -> float:
         """Mean increase of the T_max inference loss (vs theta_T) under N(0, sigma^2) weight noise."""

@@ -5,37 +5,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from stabray.config import TrainCfg
 from stabray.data.encode import Encoder, collate
-from stabray.errors import UserError
 from stabray.methods.base import Method
 from stabray.tasks.base import Example
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = 8  # passes over the training split (ASHA's time unit)
-    batch_size: int = 32  # examples per optimisation step
-    lr: float = 1e-3  # AdamW peak learning rate
-    weight_decay: float = 0.01
-    warmup_steps: int = 20  # linear warm-up, then `schedule`
-    schedule: str = "cosine"  # cosine (to 10% of lr over all epochs) | constant
-    grad_clip: float = 1.0  # max global gradient norm; 0 = off
-    max_steps_per_epoch: int = 0  # 0 = the whole split; >0 caps an epoch (tests, smoke runs)
-    threads: int = 0  # torch CPU threads; 0 = leave torch's default (Ray sets it from num_cpus)
-
-    def __post_init__(self):
-        if self.lr <= 0:
-            raise UserError(f"train.lr must be > 0, got {self.lr}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise UserError("train.epochs and train.batch_size must be >= 1")
-        if self.schedule not in ("cosine", "constant"):
-            raise UserError(f"train.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
 
 
 def pick_device(prefer: str = "auto") -> torch.device:
@@ -44,7 +22,7 @@ def pick_device(prefer: str = "auto") -> torch.device:
     return torch.device("cuda")
 
 
-def lr_schedule(optimizer, cfg: TrainConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def lr_schedule(optimizer, cfg: TrainCfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over cfg.warmup_steps, then constant or cosine down to 10% of the peak."""
     total = max(1, total_steps)
 
@@ -68,7 +46,7 @@ class Trainer:
         method: Method,
         encoder: Encoder,
         train_data: list[Example] | Callable[[int], list[Example]],
-        cfg: TrainConfig,
+        cfg: TrainCfg,
         seed: int = 0,
         device: torch.device | str = "cpu",
     ):
@@ -108,7 +86,7 @@ class Trainer:
             tokens += int(batch["attention_mask"].sum())
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                loss = self.method.step(self.model, batch, self.optimizer)
+                loss = self.method.step(self.model, batch)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"training loss became {loss} at epoch {epoch + 1}, step {b + 1}")
             if self.cfg.grad_clip:

@@ -1,6 +1,6 @@
-"""One trial from a config, without Ray or MLflow: data -> tokenizer -> model -> method -> Trainer,
-plus validation, final evaluation, EAF and checkpoints. The Ray trainable, the CLI and users' own
-scripts all use this."""
+"""The "text" trial runner: one trial on a text task from a config, without Ray or MLflow: data ->
+tokenizer -> model -> method -> Trainer, plus validation, final evaluation, EAF and checkpoints.
+The Ray trainable, the CLI and users' own scripts all reach it through `stabray.train.make_run`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from stabray.evaluate.metrics import evaluate_split
 from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
 from stabray.tasks import get_task
-from stabray.train.loop import TrainConfig, Trainer, pick_device
+from stabray.train.loop import Trainer, pick_device
+from stabray.train.runner import RUNNERS, Runner, StabilityOptions, StabilityTable
 
 
 def model_spec(cfg: TrialConfig) -> ModelSpec:
@@ -45,13 +46,8 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
     )
 
 
-def best_epoch(history: list[dict[str, float]], metric: str = "val_acc") -> dict[str, float]:
-    """best_<metric> and best_epoch (ties: the earlier epoch) over the epochs run so far."""
-    best = max(history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
-    return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
-
-
-class TrialRun:
+@RUNNERS.register("text")
+class TrialRun(Runner):
     """Build everything a trial needs. `tokenizer_dir` reuses a saved tokenizer (checkpoints)."""
 
     def __init__(self, config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None):
@@ -61,7 +57,7 @@ class TrialRun:
             torch.set_num_threads(c.train.threads)
         self.task = get_task(c.task.name, **c.task.params)
         self.method = get_method(c.method.name, **c.method.params)
-        self.train_cfg = TrainConfig(**c.train.model_dump())
+        self.train_cfg = c.train
         self.device = pick_device(c.device)
         splits = ("train", "val", "test", *c.eval.long_splits)
         self.data = load_splits(
@@ -139,10 +135,8 @@ class TrialRun:
         ev = self.cfg.eval
         if not ev.eaf_examples:
             return None
-        try:
-            from stabray.stability import EAFTracker, estimate_eaf
-        except ImportError:
-            return None
+        from stabray.stability import EAFTracker, estimate_eaf
+
         if self.eaf_tracker is None:
             self.eaf_tracker = EAFTracker()
         res = estimate_eaf(
@@ -170,9 +164,6 @@ class TrialRun:
         m["epoch"] = self.trainer.epoch
         self.history.append({k: v for k, v in m.items() if isinstance(v, float | int)})
         return m
-
-    def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
-        return best_epoch(self.history, metric)
 
     def final(self) -> dict[str, float]:
         """Test and length-generalization accuracy, loss gap and EAF on the test split."""
@@ -218,9 +209,42 @@ class TrialRun:
             self.model, lambda m: inference_loss(m, self.encoder, exs, method=self.method), sigma=sigma, seeds=seeds
         )
 
-    def baselines(self, split: str = "test") -> dict[str, float]:
-        """Accuracy of the task's trivial rules on a split (context for the model's accuracy)."""
-        return self.task.baseline_accuracy(self.data[split])
+    @property
+    def has_decomposition(self) -> bool:
+        return not self.method.latent_thoughts
+
+    def stability_table(self, opts: StabilityOptions) -> StabilityTable:
+        """The eq. (4) table on the test split; for latent thoughts (no true step values, so the
+        eq. (4) terms are undefined) the EAF per T over the latent steps."""
+        from stabray.stability import decompose, eaf_from_norms, estimate_eaf
+
+        examples = self.data["test"][: opts.n]
+        if not self.has_decomposition:
+            res = estimate_eaf(
+                self.model,
+                self.eval_encoded("test", opts.n),
+                iters=opts.iters,
+                token_cap=opts.token_cap,
+                aggregation=opts.aggregation,
+                include_question=opts.include_question,
+                method=self.method,
+            )
+            rows = [{"T": T, "eaf": eaf_from_norms(res.norms, T, opts.include_question)} for T in range(1, res.T + 1)]
+            note = (
+                f"method {self.method.name!r} reasons in latent thoughts: the steps are its {res.T - 1} latent "
+                "slots; the eq. (4) terms need true step values, so only the EAF per T is reported"
+            )
+            return StabilityTable(rows, len(examples), note)
+        rows = decompose(
+            self.model,
+            self.encoder,
+            examples,
+            iters=opts.iters,
+            token_cap=opts.token_cap,
+            aggregation=opts.aggregation,
+            include_question=opts.include_question,
+        )
+        return StabilityTable(rows, len(examples))
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -245,37 +269,3 @@ class TrialRun:
         self.model.load_state_dict(state["model"], strict=self.spec.pretrained is None)
         self.trainer.load_state_dict(state["trainer"])
         self.history = list(state.get("history", []))
-
-
-def make_run(config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None):
-    """The runner for a config: TrialRun for text tasks; a task class may name its own runner
-    (`runner = "module:Class"`, e.g. the continuous in-context-learning tasks)."""
-    from stabray.tasks import TASKS
-
-    cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
-    runner = getattr(TASKS.get(cfg.task.name), "runner", None)
-    if runner:
-        import importlib
-
-        mod, cls = runner.split(":")
-        return getattr(importlib.import_module(mod), cls)(cfg)
-    return TrialRun(cfg, tokenizer_dir=tokenizer_dir)
-
-
-def load_checkpoint(path: str | Path):
-    """(model, tokenizer, method, config) from a checkpoint directory written by `TrialRun.save`."""
-    run = load_run(path)
-    return run.model, run.tokenizer, run.method, run.cfg
-
-
-def load_run(path: str | Path) -> TrialRun:
-    path = Path(path)
-    if not (path / "state.pt").exists():
-        from stabray.errors import UserError
-
-        raise UserError(f"{path}: not a stabray checkpoint (no state.pt)")
-    cfg = json.loads((path / "trial_config.json").read_text())
-    tok = path / "tokenizer"
-    run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None)
-    run.load(path)
-    return run

@@ -2,7 +2,8 @@
 
 Ray's own MLflowLoggerCallback sends one request per metric key and opens duplicate runs after
 `Tuner.restore` (it keeps no state). This one keeps {trial_id: run_id} in `get_state()`, which Ray
-pickles with the experiment, logs each result with one `log_batch`, and logs only stabray's keys.
+pickles with the experiment, logs each result with one `log_batch`, and logs only the metrics
+declared in `stabray.record` (plus the eq. (4) table as artifacts).
 """
 
 from __future__ import annotations
@@ -12,63 +13,16 @@ from typing import Any
 
 from ray.tune import Callback
 
-from stabray.tracking import Store
+from stabray.config import get_path
+from stabray.record import STABILITY_TABLE, is_metric, trial_params, unwrap
+from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT
-from stabray.tune.trainable import unwrap
-
-# result keys that are Ray's bookkeeping, not metrics
-RAY_KEYS = {
-    "training_iteration",
-    "time_this_iter_s",
-    "time_total_s",
-    "timestamp",
-    "pid",
-    "time_since_restore",
-    "iterations_since_restore",
-    "timesteps_total",
-    "episodes_total",
-    "timesteps_since_restore",
-    "done",
-    "config",
-    "trial_id",
-    "experiment_id",
-    "date",
-    "hostname",
-    "node_ip",
-    "checkpoint_dir_name",
-    "should_checkpoint",
-    "experiment_tag",
-}
-
-
-def trial_params(config: dict[str, Any]) -> dict[str, Any]:
-    """The flat parameters logged for a trial (analysis/ reads these names)."""
-    from stabray.tasks import TASKS
-
-    task, method, model, train = config["task"], config["method"], config.get("model", {}), config.get("train", {})
-    p: dict[str, Any] = {
-        "task": TASKS.canonical(task["name"]),
-        "task_version": TASKS.get(task["name"]).version,
-        "method": method["name"],
-        "model": model.get("pretrained") or f"embedded-{model.get('preset', 'small')}",
-        "lr": train.get("lr"),
-        "seed": config.get("seed", 0),
-        "epochs": train.get("epochs"),
-        "batch_size": train.get("batch_size"),
-        "train_size": task.get("train_size"),
-    }
-    if method["name"] in ("sft_cot",):
-        p.update(lam=1.0, bits=32)
-    p.update(method.get("params", {}))
-    p.update(task.get("params", {}))
-    if model.get("lora"):
-        p["lora_rank"] = model["lora"].get("rank")
-    return p
 
 
 class MLflowTuneCallback(Callback):
-    def __init__(self, tracking_uri: str, experiment: str, parent_run_id: str):
+    def __init__(self, tracking_uri: str, experiment: str, parent_run_id: str, searched: list[str] = ()):
         self.tracking_uri, self.experiment, self.parent_run_id = tracking_uri, experiment, parent_run_id
+        self.searched = list(searched)  # searched config paths: each logged as a param under its last name
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
         self.ended: set[str] = set()
         self.logged_step: dict[str, int] = {}  # last epoch logged per trial (not pickled: asked of MLflow)
@@ -102,11 +56,14 @@ class MLflowTuneCallback(Callback):
                 self.runs[trial.trial_id] = found
                 return found
             cfg = unwrap(trial.config)
+            params = trial_params(cfg)
+            for path in self.searched:  # e.g. task.params.init_gain -> init_gain, unless already there
+                params.setdefault(path.rsplit(".", 1)[-1], get_path(cfg, path))
             self.runs[trial.trial_id] = self.store.start_child(
                 self.parent_run_id,
                 trial.trial_id,
                 run_name=str(trial),
-                params=trial_params(cfg),
+                params=params,
                 tags={"stabray.task": cfg["task"]["name"], "stabray.method": cfg["method"]["name"]},
                 config=cfg,
             )
@@ -123,9 +80,8 @@ class MLflowTuneCallback(Callback):
         if step <= self.logged_step[trial.trial_id]:
             return  # a resumed trial re-reporting an epoch already logged before the crash
         self.logged_step[trial.trial_id] = step
-        metrics = {k: v for k, v in result.items() if k not in RAY_KEYS}
-        table = metrics.pop("stability_table", None)
-        self.store.log_metrics(rid, metrics, step=step)
+        self.store.log_metrics(rid, {k: v for k, v in result.items() if is_metric(k)}, step=step)
+        table = result.get(STABILITY_TABLE)
         if table:
             log_stability_table(self.store, rid, table)
 
@@ -136,7 +92,10 @@ class MLflowTuneCallback(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         rid = self._run_id(trial)
         if trial.trial_id not in self.ended:
-            self.store.end(rid, "FINISHED")
+            status, tags = ended_status(trial.last_result or {}, error=False)
+            for k, v in tags.items():
+                self.store.set_tag(rid, k, v)
+            self.store.end(rid, status)
             self.ended.add(trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -161,12 +120,8 @@ def log_stability_table(store: Store, run_id: str, rows: list[dict[str, Any]]) -
     """The eq. (4) table as JSON, CSV and a loss-gap/bound-vs-T plot."""
     import polars as pl
 
+    from stabray.stability.plot import plot_bound_vs_T
+
     store.log_dict(run_id, rows, "stability/decomposition.json")
     store.log_text(run_id, pl.DataFrame(rows).write_csv(), "stability/decomposition.csv")
-    try:
-        from stabray.stability.plot import plot_bound_vs_T
-
-        fig = plot_bound_vs_T(rows)
-        store.log_figure(run_id, fig, "stability/bound_vs_T.png")
-    except ImportError:
-        pass
+    store.log_figure(run_id, plot_bound_vs_T(rows), "stability/bound_vs_T.png")

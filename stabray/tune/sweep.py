@@ -15,10 +15,11 @@ from ray import tune
 
 from stabray.config import SweepSpec, set_path
 from stabray.errors import UserError
+from stabray.record import BUNDLE
 from stabray.spec import space_path
 from stabray.tracking import Store, resolve_tracking_uri
 from stabray.tune.callbacks import MLflowTuneCallback
-from stabray.tune.trainable import BUNDLE, trainable
+from stabray.tune.trainable import trainable
 
 
 def ray_space(spec: SweepSpec) -> dict[str, Any]:
@@ -226,6 +227,7 @@ def run_sweep(
         "run_dir": str(run_dir),
         "ray": how,
         "complete": True,
+        "groups": saved["groups"],  # method -> MLflow group run (multi-method sweeps)
     }
     print(f"stabray: {how}; results in {run_dir}; MLflow {uri} experiment {experiment!r}", flush=True)
     grids = []
@@ -242,7 +244,8 @@ def run_sweep(
             # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
             tuner = make_tuner(sub, sub_dir, None, resume=True)
         else:
-            tuner = make_tuner(sub, sub_dir, MLflowTuneCallback(uri, experiment, group), resume=False)
+            searched = [space_path(k) for k in sub.search.space]
+            tuner = make_tuner(sub, sub_dir, MLflowTuneCallback(uri, experiment, group, searched), resume=False)
         grid = tuner.fit()
         grids.append(grid)
         done = grid.num_terminated + grid.num_errors >= sub.search.num_samples

@@ -1,0 +1,502 @@
+"""The trial record: what one trial logs and how it is read back.
+
+Everything that names a trial's numbers lives here, once:
+- `METRICS`: every metric a runner reports, with when it is logged (per epoch or once at the end),
+  its group (science or system) and its meaning. The spec validator, the MLflow callback, the
+  closing summary and `analysis/` all read this table, so a new metric is declared here only.
+- `trial_params(config)`: the flat parameters logged per trial (task, method, lam, bits, lr, ...).
+- `STATUSES` and `trial_status(...)`: one vocabulary for a trial's end (FINISHED, STOPPED, FAILED,
+  RUNNING, KILLED).
+- `DECOMP_KEYS`: the layout of the eq. (4) stability table (one row per T).
+- `TrialRecord` and `trials_frame(records)`: one typed polars row per trial, whatever the source
+  (an MLflow experiment through `stabray.tracking.Store.trial_records`, a Ray Tune experiment
+  directory through `records_from_ray_dir`, a finished `ResultGrid` through
+  `stabray.tune.summary.records_from_grid`).
+
+No Ray and no MLflow here: the training loop, the tracking layer and `analysis/` all import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+# ----------------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    when: Literal["epoch", "final"]  # logged every epoch (MLflow step = epoch) or once after the last epoch
+    meaning: str
+    group: Literal["science", "sys"] = "science"  # sys: timings and placement, kept apart from results
+    runners: tuple[str, ...] = ("text", "icl")  # which trial runners report it
+    icl_meaning: str = ""  # what it means for the in-context GD runner, where that differs
+
+    def describe(self, runner: str = "text") -> str:
+        return self.icl_meaning if runner == "icl" and self.icl_meaning else self.meaning
+
+
+_ICL = ("icl",)
+_TEXT = ("text",)
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "train_loss", "epoch", "mean training loss over the epoch's steps (text: next-token cross-entropy, nats)"
+        ),
+        Metric(
+            "val_acc",
+            "epoch",
+            "exact match of the final answer on the validation split",
+            icl_meaning="share of validation prompts whose self-generated theta_T is within 5% (relative L2) of "
+            "the gradient-descent iterate theta_T",
+        ),
+        Metric(
+            "eaf",
+            "epoch",
+            "error amplification factor sum_i rho_i^(T) on the validation examples of eval.eaf_examples",
+            icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
+        ),
+        Metric(
+            "val_loss",
+            "epoch",
+            "teacher-forced squared error ||f_W(true prefix) - theta_t||^2, mean over steps",
+            runners=_ICL,
+        ),
+        Metric(
+            "val_infer_loss",
+            "epoch",
+            "||hat theta_T - theta_T||^2 with the model's own iterates, validation",
+            runners=_ICL,
+        ),
+        Metric(
+            "val_infer_star",
+            "epoch",
+            "||hat theta_T - theta*||^2 with the model's own iterates, validation",
+            runners=_ICL,
+        ),
+        Metric("tokens", "epoch", "non-pad training tokens in the epoch", group="sys", runners=_TEXT),
+        Metric("tokens_per_s", "epoch", "training tokens per second of the epoch", group="sys", runners=_TEXT),
+        Metric("epoch_time_s", "epoch", "seconds spent training in the epoch", group="sys"),
+        Metric("val_time_s", "epoch", "seconds spent on validation accuracy", group="sys"),
+        Metric("eaf_time_s", "epoch", "seconds spent on the per-epoch EAF", group="sys"),
+        Metric("gpus_assigned", "epoch", "GPUs Ray assigned to the trial", group="sys"),
+        Metric("epoch", "epoch", "epochs completed (1-based)", group="sys"),
+        Metric(
+            "test_acc",
+            "final",
+            "exact match of the final answer on the test split (in distribution)",
+            icl_meaning="the val_acc rule on the test split at T_max",
+        ),
+        Metric(
+            "test_long_acc",
+            "final",
+            "test accuracy on the first length-generalization split (10% larger inputs)",
+            icl_meaning="the val_acc rule with 10% more GD steps",
+        ),
+        Metric(
+            "test_longer_acc",
+            "final",
+            "test accuracy on the second length-generalization split (20% larger inputs)",
+            icl_meaning="the val_acc rule with 20% more GD steps",
+        ),
+        Metric(
+            "loss_gap",
+            "final",
+            "final-answer loss given the model's own chain minus given the correct chain",
+            icl_meaning="infer_loss - tf_loss at T_max",
+        ),
+        Metric(
+            "final_eaf",
+            "final",
+            "error amplification factor sum_i rho_i^(T) on test examples, final model",
+            icl_meaning="sum_i rho_i^(T) from exact Jacobians on test prompts",
+        ),
+        Metric("best_val_acc", "final", "highest val_acc over the epochs run"),
+        Metric("best_epoch", "final", "1-based epoch of best_val_acc (the first one on ties)"),
+        Metric(
+            "weight_noise_loss_increase",
+            "final",
+            "mean increase of the inference loss under N(0, sigma^2) weight noise (Appendix B.2)",
+        ),
+        Metric("test_infer_loss", "final", "||hat theta_T - theta_T||^2, self-generated iterates, test", runners=_ICL),
+        Metric("test_infer_star", "final", "||hat theta_T - theta*||^2, self-generated iterates, test", runners=_ICL),
+        Metric(
+            "jac_err_max", "final", "max over prompts and steps of ||J_{t-1}^(t) - J_theory|| (spectral)", runners=_ICL
+        ),
+        Metric("test_long_infer_star", "final", "||hat theta_T - theta*||^2 on the longer split", runners=_ICL),
+        Metric("test_longer_infer_star", "final", "||hat theta_T - theta*||^2 on the longest split", runners=_ICL),
+    )
+}
+
+# The in-context GD runner also logs one metric per curve and T: `<curve>_T<t>` (analysis/icl_figures.py).
+ICL_CURVES = (
+    "infer_loss",
+    "tf_loss",
+    "infer_star",
+    "tf_star",
+    "step_noise",
+    "weight_noise",
+    "jac_norm",
+    "jac_norm_max",
+    "theory_norm",
+    "jac_err",
+    "offdiag_max",
+    "jac_prod",
+    "theory_prod",
+    "eaf",
+    "acc",
+)
+
+
+_CURVE_METRIC = re.compile(rf"(?:{'|'.join(ICL_CURVES)})_T\d+")
+
+
+def is_metric(key: str) -> bool:
+    """Whether a reported key is a declared metric (what the MLflow callback logs)."""
+    return key in METRICS or _CURVE_METRIC.fullmatch(key) is not None
+
+
+def metric_names(when: str | None = None, group: str | None = "science", runner: str | None = None) -> list[str]:
+    """Declared metric names, filtered by when they are logged, their group and the runner."""
+    return [
+        m.name
+        for m in METRICS.values()
+        if (when is None or m.when == when)
+        and (group is None or m.group == group)
+        and (runner is None or runner in m.runners)
+    ]
+
+
+def searchable_metrics() -> list[str]:
+    """Metrics a sweep may optimise and ASHA may stop on: science metrics reported every epoch."""
+    return metric_names(when="epoch")
+
+
+# Key of a final result that holds the eq. (4) table (a list of rows, not a metric), and its row layout.
+STABILITY_TABLE = "stability_table"
+DECOMP_KEYS = ["T", "loss_gap", "bound", "ratio", "first_order", "second_order", "C1", "C2", "eaf", "sum_eps"]
+
+# ----------------------------------------------------------------------------------- status
+
+# How a trial ended. FINISHED: ran every epoch (it has the final metrics). STOPPED: the scheduler
+# (ASHA) ended it early. FAILED: it raised. RUNNING: still going, or its driver died. KILLED: the
+# sweep was interrupted while it ran (`--resume` continues it).
+STATUSES = ("FINISHED", "STOPPED", "FAILED", "RUNNING", "KILLED")
+
+
+def trial_status(*, failed: bool, done: bool, has_final: bool, killed: bool = False) -> str:
+    """The status of a trial from what is known about it: `done` = it ended (any way), `has_final`
+    = it reported the end-of-training metrics."""
+    if failed:
+        return "FAILED"
+    if has_final:
+        return "FINISHED"
+    if killed:
+        return "KILLED"
+    return "STOPPED" if done else "RUNNING"
+
+
+# ----------------------------------------------------------------------------------- params
+
+
+def trial_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The flat parameters logged for a trial (analysis/ and the closing summary read these names):
+    task identity and size, method and every one of its hyperparameters with its default filled in
+    (e.g. alg1's lam = 0.2 when the config leaves it out), what a method implies without a
+    hyperparameter (SFT-CoT: lam = 1.0, bits = 32), model, lr, seed and the training sizes."""
+    from stabray.methods import METHODS
+    from stabray.tasks import TASKS
+
+    task, method = config["task"], config["method"]
+    model, train = config.get("model") or {}, config.get("train") or {}
+    task_cls, method_cls = TASKS.get(task["name"]), METHODS.get(method["name"])
+    p: dict[str, Any] = {
+        "task": task_cls.name,
+        "task_version": task_cls.version,
+        "method": method_cls.name,
+        "model": model.get("pretrained") or f"embedded-{model.get('preset', 'small')}",
+        "lr": train.get("lr"),
+        "seed": config.get("seed", 0),
+        "epochs": train.get("epochs"),
+        "batch_size": train.get("batch_size"),
+        "train_size": task.get("train_size"),
+    }
+    p.update(method_cls.implied_params)
+    mparams = method.get("params") or {}
+    try:
+        p.update(dataclasses.asdict(method_cls.Params(**mparams)))
+    except TypeError:  # not a valid config (an unknown key): log what was given
+        p.update(mparams)
+    p.update(task.get("params") or {})
+    if model.get("lora"):
+        p["lora_rank"] = model["lora"].get("rank")
+    return p
+
+
+# Params with a known type; any other param is inferred (int, else float, else string).
+PARAM_TYPES: dict[str, pl.DataType] = {
+    "task": pl.Utf8,
+    "task_version": pl.Utf8,
+    "method": pl.Utf8,
+    "model": pl.Utf8,
+    "lr": pl.Float64,
+    "seed": pl.Int64,
+    "lam": pl.Float64,  # compression factor; 1.0 = keep all steps
+    "bits": pl.Int64,  # QAT bit-width; 32 = full precision
+    "lora_rank": pl.Int64,
+    "n_nodes": pl.Int64,
+    "latent_steps": pl.Int64,
+    "sigma": pl.Float64,
+}
+# Params left out of `config_key`: trials that differ only in these are seeds of one configuration.
+SEED_PARAMS = ("seed",)
+
+# ----------------------------------------------------------------------------------- the frame
+
+
+@dataclass
+class TrialRecord:
+    """One trial as read from a source, before typing."""
+
+    trial_id: str
+    params: dict[str, Any]
+    metrics: dict[str, float]  # final value of every metric the trial logged
+    val_history: list[tuple[int, float]] = field(default_factory=list)  # (epoch, val_acc)
+    status: str | None = "FINISHED"  # one of STATUSES (None: unknown, counted as finished)
+    run_id: str | None = None  # MLflow run id
+    decomposition: list[dict] | None = None  # rows of the eq. (4) table (keys DECOMP_KEYS)
+    config: dict | None = None  # the trainable's config, when the source holds it
+
+
+FINAL_METRICS = metric_names(when="final")
+EPOCH_METRICS = metric_names(when="epoch")
+
+META_COLUMNS: dict[str, pl.DataType] = {
+    "trial_id": pl.Utf8,
+    "run_id": pl.Utf8,  # MLflow child run id; null for a Ray dir
+    "status": pl.Utf8,  # one of STATUSES
+    "config_key": pl.Utf8,  # all params but the seed, as JSON
+    "task": pl.Utf8,
+    "method": pl.Utf8,
+    "seed": pl.Int64,
+    "lam": pl.Float64,
+    "bits": pl.Int64,
+    **{m: pl.Float64 for m in FINAL_METRICS + EPOCH_METRICS if m not in ("best_val_acc", "best_epoch")},
+    "best_val_acc": pl.Float64,  # max val_acc over epochs
+    "best_epoch": pl.Int64,  # 1-based epoch of that max (first one on ties)
+    "n_epochs": pl.Int64,  # epochs run
+    "eaf_value": pl.Float64,  # final_eaf, else the last per-epoch eaf
+}
+
+DECOMP_SCHEMA: dict[str, pl.DataType] = {
+    "trial_id": pl.Utf8,
+    "run_id": pl.Utf8,
+    "config_key": pl.Utf8,
+    "task": pl.Utf8,
+    "method": pl.Utf8,
+    "model": pl.Utf8,
+    "seed": pl.Int64,
+    "bits": pl.Int64,
+    "lam": pl.Float64,
+    "T": pl.Int64,
+    **{k: pl.Float64 for k in DECOMP_KEYS[1:]},
+}
+
+
+def _is_missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v in ("", "None", "null"))
+
+
+def _parse(v: Any, dtype: pl.DataType) -> Any:
+    if _is_missing(v):
+        return None
+    try:
+        if dtype == pl.Int64:
+            f = float(v)
+            return int(f) if f.is_integer() else None
+        if dtype == pl.Float64:
+            return float(v)
+    except (TypeError, ValueError):
+        return None
+    return str(v)
+
+
+def _infer(values: list[Any]) -> pl.DataType:
+    present = [str(v) for v in values if not _is_missing(v)]
+    if not present:
+        return pl.Utf8
+    for dtype, parse in ((pl.Int64, int), (pl.Float64, float)):
+        try:
+            [parse(v) for v in present]
+            return dtype
+        except ValueError:
+            pass
+    return pl.Utf8
+
+
+def config_key(params: dict[str, Any]) -> str:
+    """All params except the seed, as canonical JSON: equal keys = seeds of one configuration."""
+    return json.dumps({k: str(v) for k, v in sorted(params.items()) if k not in SEED_PARAMS})
+
+
+def _best_epoch(history: list[tuple[int, float]]) -> tuple[int | None, float | None]:
+    hist = [(e, v) for e, v in history if not _is_missing(v)]
+    if not hist:
+        return None, None
+    epoch, val = max(hist, key=lambda ev: (ev[1], -ev[0]))  # first epoch on ties
+    return int(epoch), float(val)
+
+
+def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
+    """One typed row per trial: meta columns, every param, final metrics, best epoch."""
+    param_names = sorted({k for r in records for k in r.params})
+    rows: list[dict[str, Any]] = []
+    for r in records:
+        best_epoch, best_val = _best_epoch(r.val_history)
+        m = r.metrics
+        row: dict[str, Any] = {
+            "trial_id": str(r.trial_id),
+            "run_id": r.run_id,
+            "status": r.status,
+            "config_key": config_key(r.params),
+            **{k: m.get(k) for k in FINAL_METRICS + EPOCH_METRICS},
+            # the history wins over the logged summary; the summary covers a trial without history
+            "best_val_acc": best_val if best_val is not None else m.get("best_val_acc"),
+            "best_epoch": best_epoch if best_epoch is not None else m.get("best_epoch"),
+            "n_epochs": max((e for e, _ in r.val_history), default=None),
+        }
+        for k in param_names:
+            col = k if k not in META_COLUMNS or k in PARAM_TYPES else f"param_{k}"
+            row[col] = r.params.get(k)
+        rows.append(row)
+    schema = dict(META_COLUMNS)
+    for k in param_names:
+        col = k if k not in META_COLUMNS or k in PARAM_TYPES else f"param_{k}"
+        if col not in schema or k in PARAM_TYPES:
+            schema[col] = PARAM_TYPES.get(k) or _infer([r.params.get(k) for r in records])
+    data = {c: [_parse(row.get(c), t) for row in rows] for c, t in schema.items() if c != "eaf_value"}
+    data["eaf_value"] = [None] * len(rows)
+    df = pl.DataFrame(data, schema=schema)
+    return df.with_columns(eaf_value=pl.coalesce("final_eaf", "eaf")).sort("trial_id")
+
+
+def decomposition_frame(records: list[TrialRecord]) -> pl.DataFrame:
+    """The per-T rows of every trial that has them, joined with the trial's identity."""
+    rows = []
+    for r in records:
+        rows_in = r.decomposition if isinstance(r.decomposition, list) else []  # anything else: malformed
+        for d in (d for d in rows_in if isinstance(d, dict)):
+            row = {
+                "trial_id": str(r.trial_id),
+                "run_id": r.run_id,
+                "config_key": config_key(r.params),
+                **{k: r.params.get(k) for k in ("task", "method", "model", "seed", "bits", "lam")},
+                **{k: d.get(k) for k in DECOMP_KEYS},
+            }
+            rows.append({c: _parse(row.get(c), t) for c, t in DECOMP_SCHEMA.items()})
+    return pl.DataFrame(rows, schema=DECOMP_SCHEMA).sort(["trial_id", "T"])
+
+
+# ----------------------------------------------------------------------------------- Ray Tune dirs
+
+BUNDLE = "trial_config"  # a Ray param space may hold whole trial configs under this key (a grid over configs)
+
+
+def unwrap(config: dict[str, Any]) -> dict[str, Any]:
+    """The trial config inside a Ray trial config (which may bundle it under BUNDLE)."""
+    return config[BUNDLE] if BUNDLE in config else config
+
+
+def is_trial_config(config: dict[str, Any]) -> bool:
+    """Whether a dict is a stabray trial config (the trainable's layout), not flat params."""
+    return isinstance(config.get("task"), dict) and isinstance(config.get("method"), dict)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        elif not isinstance(v, list):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def params_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The params of a Ray trial config: every flattened key, and for a stabray trial config the
+    same flat params the MLflow callback logs (task, method, lam, bits, ...)."""
+    params = _flatten(config)
+    trial_cfg = unwrap(config)
+    if is_trial_config(trial_cfg):
+        params.update(trial_params(trial_cfg))
+    return params
+
+
+def history_of(results: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(epoch, val_acc) of a trial's reported results, in order."""
+    out = []
+    for i, res in enumerate(results, start=1):
+        if not _is_missing(res.get("val_acc")):
+            out.append((int(res.get("epoch") or res.get("training_iteration") or i), float(res["val_acc"])))
+    return out
+
+
+def last_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
+    """The last value of every numeric key over a trial's reported results."""
+    metrics: dict[str, float] = {}
+    for res in results:
+        for k, v in res.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not _is_missing(v):
+                metrics[k] = float(v)
+    return metrics
+
+
+def _read_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a trial killed mid-write leaves a torn last line
+                pass
+    return out
+
+
+def records_from_ray_dir(root: Path) -> list[TrialRecord]:
+    """Read `<root>/<trial dir>/{params.json,result.json}` of a Ray Tune experiment directory."""
+    records = []
+    for params_file in sorted(root.glob("*/params.json")):
+        tdir = params_file.parent
+        config = json.loads(params_file.read_text())
+        results = _read_results(tdir / "result.json")
+        metrics = last_metrics(results)
+        trial_id = next((str(r["trial_id"]) for r in results if r.get("trial_id")), tdir.name)
+        failed = (tdir / "error.txt").exists() or (tdir / "error.pkl").exists()
+        has_final = "test_acc" in metrics
+        done = any(r.get("done") for r in results)
+        decomp_file = tdir / "stability" / "decomposition.json"
+        records.append(
+            TrialRecord(
+                trial_id=trial_id,
+                params=params_of(config),
+                metrics=metrics,
+                val_history=history_of(results),
+                status=trial_status(failed=failed, done=done, has_final=has_final or done),
+                decomposition=json.loads(decomp_file.read_text()) if decomp_file.exists() else None,
+                config=config,
+            )
+        )
+    return records

@@ -1,0 +1,132 @@
+"""The trial runner protocol: what the Ray trainable, the `stability` command and `analysis/` need
+from one trial, whatever kind of task it trains on.
+
+A task names its runner by registry name (`Task.runner`, "text" by default); `make_run(config)`
+builds it and `load_run(dir)` rebuilds it from a checkpoint directory. Two runners exist:
+`stabray.train.run.TrialRun` ("text": token sequences, a causal LM, greedy decoding) and
+`stabray.train.icl.ICLRun` ("icl": continuous in-context gradient-descent steps, exact Jacobians).
+
+    run = make_run(config)
+    while not run.done:
+        metrics = run.epoch()                 # train one epoch, then validate
+    metrics |= run.final() | run.best_epoch() | run.final_stability()
+    run.save(directory)
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stabray.config import TrialConfig, parse_trial_config
+from stabray.errors import UserError
+from stabray.record import STABILITY_TABLE
+from stabray.registry import Registry
+
+
+def best_epoch(history: list[dict[str, float]], metric: str = "val_acc") -> dict[str, float]:
+    """best_<metric> and best_epoch (ties: the earlier epoch) over the epochs run so far."""
+    best = max(history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
+    return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
+
+
+@dataclass(frozen=True)
+class StabilityOptions:
+    """How the `stability` command measures a checkpoint (the Jacobian estimator's settings)."""
+
+    n: int = 64  # test examples
+    iters: int = 10  # power iterations
+    token_cap: int = 8  # tokens per step block
+    aggregation: str = "block"  # block | token_mean
+    include_question: bool = False  # count the question as step 0
+
+
+@dataclass(frozen=True)
+class StabilityTable:
+    rows: list[dict[str, float]]  # one per T = 1..T_max
+    n_examples: int
+    note: str = ""  # what the rows hold when it is not the full eq. (4) table
+
+
+class Runner(abc.ABC):
+    """One trial: config, model, trainer, per-epoch history; the hooks below."""
+
+    cfg: TrialConfig
+    history: list[dict[str, float]]  # per-epoch metrics (kept in checkpoints)
+    trainer: Any  # has `.epoch`, the number of epochs completed
+
+    @property
+    def epochs_done(self) -> int:
+        return int(self.trainer.epoch)
+
+    @property
+    def done(self) -> bool:
+        return self.epochs_done >= self.cfg.train.epochs
+
+    @abc.abstractmethod
+    def epoch(self) -> dict[str, float]:
+        """Train one epoch, then validate; the per-epoch metrics (stabray.record.METRICS)."""
+
+    @abc.abstractmethod
+    def final(self) -> dict[str, float]:
+        """Test and length-generalization metrics of the final model."""
+
+    @abc.abstractmethod
+    def decomposition(self, n: int, split: str = "test") -> list[dict[str, float]]:
+        """The eq. (4) table (stabray.record.DECOMP_KEYS) for T = 1..T_max on n examples."""
+
+    @abc.abstractmethod
+    def weight_noise(self, seeds: int) -> float:
+        """Appendix B.2: mean increase of the inference loss under weight noise."""
+
+    @abc.abstractmethod
+    def stability_table(self, opts: StabilityOptions) -> StabilityTable:
+        """What `python -m stabray stability` prints for this trial's checkpoint."""
+
+    @abc.abstractmethod
+    def save(self, path: str | Path) -> None: ...
+
+    @abc.abstractmethod
+    def load(self, path: str | Path) -> None: ...
+
+    def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
+        return best_epoch(self.history, metric)
+
+    def final_stability(self) -> dict[str, Any]:
+        """The eq. (4) table and weight-noise stability at the end, as configured in `eval`."""
+        out: dict[str, Any] = {}
+        ev = self.cfg.eval
+        if ev.decomposition_examples and self.has_decomposition:
+            out[STABILITY_TABLE] = self.decomposition(ev.decomposition_examples)
+        if ev.weight_noise_seeds:
+            out["weight_noise_loss_increase"] = self.weight_noise(ev.weight_noise_seeds)
+        return out
+
+    # whether `decomposition` is defined for this trial (a method may not give every step a true value)
+    has_decomposition: bool = True
+
+
+RUNNERS: Registry[type[Runner]] = Registry("runner")
+
+
+def make_run(config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None) -> Runner:
+    """The runner the config's task names, built from the config (`tokenizer_dir`: a saved tokenizer)."""
+    from stabray.tasks import TASKS
+
+    cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
+    return RUNNERS.get(TASKS.get(cfg.task.name).runner)(cfg, tokenizer_dir=tokenizer_dir)
+
+
+def load_run(path: str | Path) -> Runner:
+    """A runner rebuilt from a checkpoint directory written by its `save`."""
+    path = Path(path)
+    if not (path / "state.pt").exists():
+        raise UserError(f"{path}: not a stabray checkpoint (no state.pt)")
+    cfg = json.loads((path / "trial_config.json").read_text())
+    tok = path / "tokenizer"
+    run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None)
+    run.load(path)
+    return run

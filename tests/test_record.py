@@ -1,0 +1,140 @@
+"""The trial record (stabray.record): params with the method's defaults, every reported key declared
+once, one status vocabulary, registries that name classes once, and the runner protocol."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stabray.record import METRICS, STABILITY_TABLE, STATUSES, is_metric, trial_params, trial_status
+
+
+def _config(method: dict) -> dict:
+    return {"task": {"name": "dijkstra", "params": {"n_nodes": 4}}, "method": method, "train": {"lr": 1e-3}}
+
+
+def test_params_carry_the_methods_own_defaults():
+    # alg1 without params trains at lam 0.2, full precision: the record says so (it used to say 1.0)
+    p = trial_params(_config({"name": "alg1"}))
+    assert (p["lam"], p["bits"], p["strategy"]) == (0.2, 32, "random")
+    p = trial_params(_config({"name": "alg1", "params": {"lam": 0.5, "bits": 2}}))
+    assert (p["lam"], p["bits"]) == (0.5, 2)
+    p = trial_params(_config({"name": "sft_cot"}))
+    assert (p["lam"], p["bits"]) == (1.0, 32)  # what SFT-CoT means: every step, full precision
+    p = trial_params(_config({"name": "coconut"}))
+    assert "lam" not in p and p["latents_per_step"] == 1  # no implied lam for a method that has none
+    assert trial_params({**_config({"name": "alg1"}), "task": {"name": "prim"}})["task"] == "mst_prim"  # aliases
+
+
+def test_statuses():
+    assert trial_status(failed=True, done=True, has_final=True) == "FAILED"
+    assert trial_status(failed=False, done=True, has_final=True) == "FINISHED"
+    assert trial_status(failed=False, done=True, has_final=False) == "STOPPED"
+    assert trial_status(failed=False, done=False, has_final=False) == "RUNNING"
+    assert trial_status(failed=False, done=False, has_final=False, killed=True) == "KILLED"
+    assert set(STATUSES) == {"FINISHED", "STOPPED", "FAILED", "RUNNING", "KILLED"}
+
+
+def test_mlflow_status_of_an_asha_stopped_trial():
+    from stabray.tracking import ended_status
+
+    assert ended_status({"epoch": 3, "val_acc": 0.5}, error=False) == (
+        "FINISHED",
+        {"stabray.status": "STOPPED", "stabray.stopped_at_epoch": "3"},
+    )
+    assert ended_status({"epoch": 12, "test_acc": 0.9}, error=False) == ("FINISHED", {})
+    assert ended_status({"epoch": 2}, error=True) == ("FAILED", {})
+
+
+def _reported_keys(run) -> set[str]:
+    keys = set(run.epoch())
+    keys |= set(run.final()) | set(run.best_epoch()) | set(run.final_stability())
+    return keys
+
+
+def test_every_key_a_text_trial_reports_is_declared(tmp_path):
+    from stabray.train import make_run
+
+    run = make_run(
+        {
+            "task": {"name": "dijkstra", "params": {"n_nodes": 4}, "train_size": 16, "val_size": 4, "test_size": 4},
+            "model": {"preset": "tiny"},
+            "method": {"name": "alg1", "params": {"lam": 0.5}},
+            "train": {"epochs": 1, "batch_size": 8, "warmup_steps": 1},
+            "eval": {"eaf_examples": 2, "eaf_iters": 2, "decomposition_examples": 2, "weight_noise_seeds": 1},
+            "device": "cpu",
+            "cache_dir": str(tmp_path),
+        }
+    )
+    keys = _reported_keys(run)
+    undeclared = {k for k in keys if not is_metric(k) and k != STABILITY_TABLE}
+    assert not undeclared, f"declare these in stabray.record.METRICS: {sorted(undeclared)}"
+    assert {"val_acc", "eaf", "test_acc", "final_eaf", "loss_gap", STABILITY_TABLE} <= keys
+
+
+def test_every_key_an_icl_trial_reports_is_declared():
+    from stabray.train import make_run
+
+    run = make_run(
+        {
+            "task": {"name": "icl_linear", "params": {"T_max": 3, "d": 3, "n": 6}, "train_size": 32, "val_size": 8},
+            "method": {"name": "sft_cot"},
+            "train": {"epochs": 1, "batch_size": 16},
+            "eval": {"eaf_examples": 4, "decomposition_examples": 4, "weight_noise_seeds": 1},
+            "device": "cpu",
+        }
+    )
+    keys = _reported_keys(run)
+    undeclared = {k for k in keys if not is_metric(k) and k != STABILITY_TABLE}
+    assert not undeclared, f"declare these in stabray.record.METRICS: {sorted(undeclared)}"
+
+
+def test_search_metrics_come_from_the_record(tmp_path):
+    from stabray.errors import SpecError
+    from stabray.record import searchable_metrics
+    from stabray.spec import load_spec
+
+    assert {"val_acc", "eaf", "train_loss"} <= set(searchable_metrics())
+    assert not {"epoch_time_s", "test_acc"} & set(searchable_metrics())  # timings and final metrics: no
+    with pytest.raises(SpecError, match="search.metric"):
+        load_spec("dijkstra", {"search.metric": "epoch_time_s"})
+    assert all(m.meaning for m in METRICS.values())
+
+
+def test_registries_name_classes_once():
+    from stabray.methods import METHODS, Method
+    from stabray.registry import Registry
+    from stabray.tasks import TASKS
+    from stabray.train import RUNNERS
+
+    for reg in (TASKS, METHODS):
+        for name in reg.names():
+            assert reg.get(name).name == name
+    for name in TASKS.names():  # every task names a registered runner
+        assert TASKS.get(name).runner in RUNNERS
+    reg = Registry("method")
+    with pytest.raises(ValueError, match="drop its `name`"):
+
+        @reg.register("x")
+        class X(Method):
+            name = "y"
+
+
+def test_report_and_ray_dirs_never_import_ray(tmp_path):
+    """`python -m stabray report` (and reading a Ray Tune dir) stays out of Ray: analysis/ reaches
+    trials through stabray.record and stabray.tracking only."""
+    d = tmp_path / "trial_0"
+    d.mkdir()
+    cfg = {"task": {"name": "dijkstra", "params": {}}, "method": {"name": "alg1", "params": {}}, "seed": 0}
+    (d / "params.json").write_text(json.dumps(cfg))
+    (d / "result.json").write_text(json.dumps({"val_acc": 0.5, "test_acc": 0.4, "trial_id": "t0"}) + "\n")
+    code = (
+        "import sys; from stabray.cli import build_parser; build_parser();"
+        f"from analysis.load import load_ray; df = load_ray({str(tmp_path)!r}).trials;"
+        "assert df['lam'].to_list() == [0.2], df['lam'].to_list();"
+        "assert 'ray' not in sys.modules, 'ray was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
