@@ -104,8 +104,7 @@ class StarGraph(PathTask):
         need = 1 + p.degree * (size - 1)
         if need > p.pool:
             raise UserError(
-                f"task {self.name!r}: {need} nodes at path_len={size}, degree={p.degree} "
-                f"do not fit in pool={p.pool}"
+                f"task {self.name!r}: {need} nodes at path_len={size}, degree={p.degree} do not fit in pool={p.pool}"
             )
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
