@@ -177,6 +177,23 @@ def metric_names(when: str | None = None, group: str | None = "science", runner:
     ]
 
 
+# MLflow groups a run's charts by the prefix before "/": timings and placement go under `sys/`, apart
+# from the results. This is the one place that maps a declared name to its logged name and back;
+# the tracking store applies it when it writes and reads, so everything else uses the plain names.
+SYS_PREFIX = "sys/"
+
+
+def logged_name(name: str) -> str:
+    """The name a metric is logged under in MLflow (`sys/epoch_time_s` for a system metric)."""
+    m = METRICS.get(name)
+    return SYS_PREFIX + name if m is not None and m.group == "sys" else name
+
+
+def record_name(logged: str) -> str:
+    """The declared name of a metric read back from MLflow (inverse of `logged_name`)."""
+    return logged[len(SYS_PREFIX) :] if logged.startswith(SYS_PREFIX) else logged
+
+
 def searchable_metrics() -> list[str]:
     """Metrics a sweep may optimise and ASHA may stop on: science metrics reported every epoch."""
     return metric_names(when="epoch")
@@ -243,6 +260,31 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
+# Short labels of searched values in run names (alg1-lam0.2-b4-lr0.0031-s0); any other key keeps its name.
+NAME_LABELS = {"bits": "b", "lora_rank": "r", "batch_size": "bs", "seed": "s"}
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.2g}" if abs(v) < 0.01 or abs(v) >= 1000 else f"{v:.3g}"  # 0.0031, 0.2, 12.5
+    return str(v)
+
+
+def run_name(config: dict[str, Any], searched: list[str] | tuple[str, ...] = ()) -> str:
+    """A readable name for a trial: its method, each searched value (config paths, labelled by their
+    last key) and its seed, e.g. `alg1-lam0.2-b4-lr0.0031-s0`."""
+    from stabray.config import get_path
+
+    parts = [str(trial_params(config)["method"])]
+    for path in searched:
+        key = path.rsplit(".", 1)[-1]
+        if key == "seed":
+            continue
+        parts.append(NAME_LABELS.get(key, key) + _short(get_path(config, path)))
+    parts.append("s" + str(config.get("seed", 0)))
+    return "-".join(parts)
+
+
 # Params with a known type; any other param is inferred (int, else float, else string).
 PARAM_TYPES: dict[str, pl.DataType] = {
     "task": pl.Utf8,
@@ -276,6 +318,7 @@ class TrialRecord:
     run_id: str | None = None  # MLflow run id
     decomposition: list[dict] | None = None  # rows of the eq. (4) table (keys DECOMP_KEYS)
     config: dict | None = None  # the trainable's config, when the source holds it
+    name: str | None = None  # the run's readable name (MLflow run name, e.g. alg1-lam0.2-b4-lr0.0031-s0)
 
 
 FINAL_METRICS = metric_names(when="final")
@@ -283,6 +326,7 @@ EPOCH_METRICS = metric_names(when="epoch")
 
 META_COLUMNS: dict[str, pl.DataType] = {
     "trial_id": pl.Utf8,
+    "name": pl.Utf8,  # readable run name (MLflow run name; the trial directory for a Ray dir)
     "run_id": pl.Utf8,  # MLflow child run id; null for a Ray dir
     "status": pl.Utf8,  # one of STATUSES
     "config_key": pl.Utf8,  # all params but the seed, as JSON
@@ -366,6 +410,7 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
         m = r.metrics
         row: dict[str, Any] = {
             "trial_id": str(r.trial_id),
+            "name": r.name or str(r.trial_id),
             "run_id": r.run_id,
             "status": r.status,
             "config_key": config_key(r.params),
@@ -497,6 +542,7 @@ def records_from_ray_dir(root: Path) -> list[TrialRecord]:
                 status=trial_status(failed=failed, done=done, has_final=has_final or done),
                 decomposition=json.loads(decomp_file.read_text()) if decomp_file.exists() else None,
                 config=config,
+                name=tdir.name,
             )
         )
     return records

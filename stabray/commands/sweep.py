@@ -34,6 +34,12 @@ def register(sub) -> None:
         help="override a spec field, e.g. --set train.epochs=2 --set search.num_samples=4",
     )
     p.add_argument("--dry-run", action="store_true", help="validate and print the resolved spec, run nothing")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show Ray Tune's own status tables and the trials' output instead of stabray's live view",
+    )
     p.set_defaults(func=run)
 
 
@@ -65,16 +71,25 @@ def run(args) -> int:
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         return 0
     from stabray.tracking import Store
-    from stabray.tune.summary import print_summary
+    from stabray.tune.summary import log_sweep_summary, print_summary
     from stabray.tune.sweep import run_sweep
 
     t0 = time.perf_counter()
     _, info = run_sweep(
-        spec, path, tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume, address=args.address
+        spec,
+        path,
+        tracking_uri=args.tracking_uri,
+        storage=args.storage,
+        resume=args.resume,
+        address=args.address,
+        verbose=args.verbose,
     )
     parents = {info["parent_run_id"], *info["groups"].values()}
-    records, _ = Store(info["tracking_uri"], info["experiment"]).trial_records(stability=False, parents=parents)
+    store = Store(info["tracking_uri"], info["experiment"])
+    records, _ = store.trial_records(stability=False, parents=parents)
     print_summary(spec, records, info, time.perf_counter() - t0)
+    if info.get("complete", True):  # the parent run's best trial, summary.md and plots
+        log_sweep_summary(store, info["parent_run_id"], spec, records, time.perf_counter() - t0)
     if not info.get("complete", True):
         print(
             f"the sweep was interrupted before all {spec.search.num_samples} trials ended; continue it with:\n"

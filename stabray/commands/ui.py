@@ -1,4 +1,6 @@
-"""`python -m stabray ui`: start the MLflow UI on a sweep's store and print its URL."""
+"""`python -m stabray ui`: start the MLflow UI on a sweep's store and print its URL (and, for each
+sweep, the link to its runs table with the columns that matter). `--optuna` serves the Optuna
+dashboard on a sweep's study instead (`<run dir>/optuna.db`, beside the Ray results)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -15,13 +18,85 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--no-wait", action="store_true", help="start it, print the URL once it answers, and exit")
+    p.add_argument(
+        "--optuna",
+        nargs="?",
+        const="latest",
+        metavar="RUN_DIR",
+        help="serve optuna-dashboard on a sweep's Optuna study instead: a run directory or its optuna.db "
+        "(default: the newest under --storage)",
+    )
+    p.add_argument(
+        "--storage", default="stabray_runs", help="Ray results folder the sweeps wrote (default ./stabray_runs)"
+    )
     p.set_defaults(func=run)
+
+
+def print_links(uri: str, url: str) -> None:
+    """Each experiment's runs table, in MLflow's model-training view with the sweep's columns."""
+    from stabray.tracking import experiment_links
+
+    try:
+        links = experiment_links(uri, url)
+    except Exception:  # noqa: BLE001 - the links are a convenience; the server runs anyway
+        return
+    for name, link in links[:10]:
+        print(f"  {name}: {link}", flush=True)
+
+
+def optuna_study(target: str, storage: str) -> Path:
+    """The optuna.db of a run directory, a path to one, or the newest under `storage`."""
+    from stabray.errors import UserError
+
+    if target != "latest":
+        p = Path(target)
+        db = p if p.suffix == ".db" else p / "optuna.db"
+        if not db.exists():
+            found = sorted(p.glob("*/optuna.db")) if p.is_dir() else []  # a multi-method sweep: one per method
+            if not found:
+                raise UserError(f"--optuna: no Optuna study at {db}")
+            db = found[0]
+        return db
+    found = sorted(Path(storage).glob("*/optuna.db")) + sorted(Path(storage).glob("*/*/optuna.db"))
+    if not found:
+        raise UserError(f"--optuna: no sweep with an Optuna study under {Path(storage).absolute()} (see --storage)")
+    return max(found, key=lambda q: q.stat().st_mtime)
+
+
+def run_optuna(args) -> int:
+    """optuna-dashboard on the study, on --port (8080 unless given), bound to --host (this machine)."""
+    from stabray.errors import UserError
+
+    db = optuna_study(args.optuna, args.storage)
+    port = args.port if args.port != 5000 else 8080
+    launch = "import sys; from optuna_dashboard._cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", launch, f"sqlite:///{db.absolute()}", "--host", args.host, "--port", str(port)]
+    proc = subprocess.Popen(cmd + ["--quiet"], start_new_session=args.no_wait, stdout=sys.stderr)
+    url = f"http://{args.host}:{port}"
+    for _ in range(120):
+        if proc.poll() is not None:
+            raise UserError(f"optuna-dashboard exited with code {proc.returncode} (is port {port} in use?)")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            break
+        except OSError:
+            time.sleep(0.5)
+    print(f"Optuna dashboard for {db}: {url}", flush=True)
+    if args.no_wait:
+        return 0
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return 0
 
 
 def run(args) -> int:
     from stabray.errors import UserError
     from stabray.tracking import resolve_tracking_uri
 
+    if args.optuna is not None:
+        return run_optuna(args)
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///") :]):
         print(
@@ -53,6 +128,7 @@ def run(args) -> int:
         except OSError:
             time.sleep(0.5)
     print(f"MLflow UI for {uri}: {url}", flush=True)
+    print_links(uri, url)
     if args.no_wait:
         return 0
     try:

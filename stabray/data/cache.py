@@ -69,12 +69,16 @@ def load_splits(
     dd = datasets.DatasetDict({s: datasets.Dataset.from_dict(_to_columns(exs)) for s, exs in data.items()})
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    bars = not datasets.are_progress_bars_disabled()
     try:
+        datasets.disable_progress_bars()  # a tqdm bar per split ("Saving the dataset"): noise in every log
         dd.save_to_disk(str(tmp))
         try:
             os.rename(tmp, path)
         except OSError:  # another process cached the same key first: theirs is identical
             pass
     finally:
+        if bars:
+            datasets.enable_progress_bars()
         shutil.rmtree(tmp, ignore_errors=True)
     return data

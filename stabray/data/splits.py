@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 
 from stabray.errors import UserError
+from stabray.progress import counted
 from stabray.tasks.base import Example, Task
 
 DEFAULT_SIZES = {"train": 2000, "val": 200, "test": 200}  # the paper's sizes
@@ -33,18 +34,20 @@ def draw(
     seen: set[str] = set()
     out: list[Example] = []
     tries = 0
-    while len(out) < n:
-        tries += 1
-        if tries > max_tries_factor * n + 1000:
-            raise UserError(
-                f"task {task.name!r} at {task.size_field}={size}: only {len(out)} distinct questions found "
-                f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs"
-            )
-        ex = task.sample(rng, size)
-        if ex.question in seen or ex.question in exclude:
-            continue
-        seen.add(ex.question)
-        out.append(ex)
+    with counted(f"generating {task.name} {split} examples", n) as progress:  # quiet unless it takes seconds
+        while len(out) < n:
+            tries += 1
+            if tries > max_tries_factor * n + 1000:
+                raise UserError(
+                    f"task {task.name!r} at {task.size_field}={size}: only {len(out)} distinct questions found "
+                    f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs"
+                )
+            ex = task.sample(rng, size)
+            if ex.question in seen or ex.question in exclude:
+                continue
+            seen.add(ex.question)
+            out.append(ex)
+            progress.advance()
     return out
 
 

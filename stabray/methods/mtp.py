@@ -1,4 +1,4 @@
-"""Multi-token prediction (MTP; seeds 002/003, after Gloeckle et al. 2024): during training, extra
+"""Multi-token prediction (MTP, after Gloeckle et al. 2024): during training, extra
 heads predict the tokens 2 .. k positions ahead; inference is ordinary next-token decoding.
 
 `k` counts the tokens predicted at each position, the next one included: k = 2 adds one head (t+2),

@@ -1,4 +1,4 @@
-"""Countdown (the numbers game; as in Stream of Search and the MTP paper, seeds 002/003): combine
+"""Countdown (the numbers game; as in Stream of Search and the multi-token-prediction paper): combine
 all the given numbers with + - * / to reach the target.
 
 Rules: every number is used exactly once; each operation combines two numbers into a new one, and

@@ -165,11 +165,24 @@ class ICLTask(Task):
 
 @TASKS.register("icl_linear")
 class ICLLinear(ICLTask):
+    """In-context linear regression solved by gradient descent (paper section 3.2): a one-layer
+    transformer reads n examples (x_k, y_k) with y = theta*^T x, and each reasoning step is one GD
+    iterate theta_{i+1} = theta_i - (eta/n) sum_k grad loss_k; steps are continuous vectors.
+
+    The check of the stability machinery where everything is known: the exact Jacobians of the
+    steps, their norms and the EAF against the theory's ||I - (eta/n) X X^T||."""
+
     kind = "linear"
     Params = ICLParams
 
 
 @TASKS.register("icl_quadratic")
 class ICLQuadratic(ICLTask):
+    """In-context regression with a quadratic link, y = (theta*^T x)^2, solved by gradient descent
+    (paper section 3.2, Theorem 3.4): as icl_linear, with Jacobians I - (2 eta/n) X D(theta_i) X^T
+    that depend on the iterate (the shipped spec starts the model near Lemma 3.3's construction).
+
+    The nonlinear case of Figures 3 and 6."""
+
     kind = "quadratic"
     Params = ICLQuadraticParams

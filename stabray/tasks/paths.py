@@ -1,6 +1,5 @@
 """Path finding on star graphs and trees: the planning tasks of the multi-token-prediction paper
-(seeds 002/003; the star graph of Bachmann & Nagarajan 2024) and of the one-layer tree paper
-(seed 001).
+(the star graph of Bachmann & Nagarajan 2024) and of the one-layer transformer tree-path paper.
 
 Every node label is an integer drawn without replacement from 0..pool-1 (one token each; the
 embedded tokenizer always holds 0..127). Edges are directed, written `parent > child`, and listed
@@ -18,9 +17,9 @@ one path). Without hints the output line is `path` and the answer is the vector 
   stalls on (about 1/degree) and MTP escapes.
 - `binary_tree_path`: a perfect binary tree of `depth` levels below the root, random labels; the
   path from the root down to a goal leaf. Every step chooses one of two children.
-- `tree_path_backward` (seed 001): the same trees; the path from the goal leaf up to the root, each
+- `tree_path_backward` : the same trees; the path from the goal leaf up to the root, each
   step one parent lookup.
-- `tree_path_forward` (seed 001): the root-to-goal path, after writing the backward path as a
+- `tree_path_forward` : the root-to-goal path, after writing the backward path as a
   scratchpad: the steps are the goal's ancestors from its parent up to the root, the final is the
   path from the root down to the goal (`binary_tree_path` is this task without the scratchpad).
 
@@ -222,7 +221,7 @@ class BinaryTreePath(TreeTask):
 
 @TASKS.register("tree_path_backward")
 class TreePathBackward(TreeTask):
-    """Goal-to-root path (seed 001, backward reasoning): each step is the parent of the last node.
+    """Goal-to-root path (backward reasoning): each step is the parent of the last node.
 
     Example (depth=2; `draw(get_task('tree_path_backward', depth=2), "test", 1, seed=0, size=2)[0]`):
 
@@ -239,7 +238,7 @@ class TreePathBackward(TreeTask):
 
 @TASKS.register("tree_path_forward")
 class TreePathForward(TreeTask):
-    """Root-to-goal path after a backward scratchpad (seed 001, forward reasoning): the steps climb
+    """Root-to-goal path after a backward scratchpad (forward reasoning): the steps climb
     from the goal's parent to the root, the final reverses the climb.
 
     Example (depth=2; `draw(get_task('tree_path_forward', depth=2), "test", 1, seed=0, size=2)[0]`):

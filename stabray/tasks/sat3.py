@@ -1,4 +1,4 @@
-"""Random satisfiable 3-SAT with a DPLL trace (the SAT task of the MTP paper, seeds 002/003).
+"""Random satisfiable 3-SAT with a DPLL trace (the SAT task of the multi-token-prediction paper).
 
 Sampling: a planted assignment uniform over {0, 1}^n; clauses of 3 distinct variables with random
 signs, rejected when the planted assignment falsifies them, until `round(ratio * n)` distinct

@@ -4,9 +4,18 @@ from stabray.tracking.store import (
     Store,
     checkpoint_dir_of,
     ended_status,
+    experiment_links,
     log_artifacts,
     resolve_tracking_uri,
     run_data,
 )
 
-__all__ = ["Store", "checkpoint_dir_of", "ended_status", "log_artifacts", "resolve_tracking_uri", "run_data"]
+__all__ = [
+    "Store",
+    "checkpoint_dir_of",
+    "ended_status",
+    "experiment_links",
+    "log_artifacts",
+    "resolve_tracking_uri",
+    "run_data",
+]

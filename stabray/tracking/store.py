@@ -17,13 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from stabray.errors import UserError
-from stabray.record import TrialRecord, trial_status
+from stabray.record import TrialRecord, logged_name, record_name, trial_status
 
 ROLE, SWEEP, TRIAL_ID = "stabray.role", "stabray.sweep", "stabray.trial_id"
 PARENT = "mlflow.parentRunId"
 CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
 STATUS = "stabray.status"  # tag: the trial's status when MLflow's own has no word for it (STOPPED)
 STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the scheduler stopped the trial
+NOTE = "mlflow.note.content"  # tag: a run's description (Markdown), shown on its overview page
+# MLflow 3 opens an experiment without this tag in its GenAI view (traces, judges, prompts); this
+# value opens it on its runs, as a model-training experiment.
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+# A saved runs-table view (columns, sort) the UI loads from `<experiment URL>?viewStateShareKey=<key>`:
+# MLflow reads it from the experiment tag `mlflow.sharedViewState.<key>`.
+VIEW_KEY = "stabray"
+VIEW_TAG = "mlflow.sharedViewState." + VIEW_KEY
 
 
 def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: str | Path | None = None) -> str:
@@ -71,7 +79,12 @@ class Store:
         if exp is None and not create:
             names = [e.name for e in self.client.search_experiments()]
             raise UserError(f"no MLflow experiment {experiment!r} at {tracking_uri}; available: {names}")
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        if exp is None:
+            self.experiment_id = self.client.create_experiment(experiment, tags={EXPERIMENT_KIND: MODEL_TRAINING})
+        else:
+            self.experiment_id = exp.experiment_id
+            if create and EXPERIMENT_KIND not in exp.tags:  # a store made before the tag existed
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
 
     @classmethod
     def existing(cls, tracking_uri: str | None, experiment: str) -> Store:
@@ -83,16 +96,54 @@ class Store:
         return cls(uri, experiment, create=False)
 
     # -- writing ----------------------------------------------------------------------------
-    def start_parent(self, sweep: str, run_name: str, spec: dict[str, Any]) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={ROLE: "sweep", SWEEP: sweep})
+    def start_parent(
+        self,
+        sweep: str,
+        run_name: str,
+        spec: dict[str, Any],
+        params: dict[str, Any] | None = None,
+        description: str = "",
+    ) -> str:
+        tags = {ROLE: "sweep", SWEEP: sweep, **({NOTE: description} if description else {})}
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.client.log_dict(run.info.run_id, spec, "sweep_spec.json")
+        if params:
+            self.log_params(run.info.run_id, params)
         return run.info.run_id
+
+    def set_runs_view(self, columns: list[str], order_by: str | None = None) -> str:
+        """Save the runs-table view a sweep is best read in: `columns` are `params.<name>`,
+        `metrics.<name>` or `tags.<name>`, shown beside the run name; `order_by` one of them, best
+        first. Returns the share key (the UI URL's `viewStateShareKey`)."""
+
+        def key(col: str) -> str:
+            kind, name = col.split(".", 1)
+            return f"{kind}.`{logged_name(name) if kind == 'metrics' else name}`"
+
+        keys = [key(c) for c in columns]
+        state: dict[str, Any] = {"selectedColumns": keys, "columnOrder": keys, "searchFilter": ""}
+        if order_by:
+            state |= {"orderByKey": key(order_by), "orderByAsc": False}
+        self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, json.dumps(state))
+        return VIEW_KEY
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        """Params (values as text, at most 6000 characters); a param already logged with the same
+        value is fine, another value is an MLflow error."""
+        from mlflow.entities import Param
+
+        ps = [Param(k, str(v)[:6000]) for k, v in params.items() if v is not None]
+        if ps:
+            self.client.log_batch(run_id, params=ps)
+
+    def set_description(self, run_id: str, text: str) -> None:
+        """The run's description (Markdown), shown on its page."""
+        self.client.set_tag(run_id, NOTE, text)
 
     def start_group(self, parent_id: str, method: str) -> str:
         """A run that groups one method's trials inside a multi-method sweep."""
-        run = self.client.create_run(
-            self.experiment_id, run_name=method, tags={PARENT: parent_id, ROLE: "method", "stabray.method": method}
-        )
+        tags = {PARENT: parent_id, ROLE: "method", "stabray.method": method, NOTE: f"The {method} trials of the sweep."}
+        run = self.client.create_run(self.experiment_id, run_name=method, tags=tags)
         return run.info.run_id
 
     def start_child(
@@ -104,21 +155,20 @@ class Store:
         tags: dict[str, str],
         config: dict[str, Any],
     ) -> str:
-        from mlflow.entities import Param
-
         run = self.client.create_run(
             self.experiment_id, run_name=run_name, tags={PARENT: parent_id, ROLE: "trial", TRIAL_ID: trial_id, **tags}
         )
         rid = run.info.run_id
-        self.client.log_batch(rid, params=[Param(k, str(v)[:6000]) for k, v in params.items() if v is not None])
+        self.log_params(rid, params)
         self.client.log_dict(rid, config, "trial_config.json")
         return rid
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int) -> int:
+        """Metrics declared in `stabray.record` under their logged names (system ones as `sys/...`)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        ms = [Metric(k, v, now, int(step)) for k, v in _finite(metrics).items()]
+        ms = [Metric(logged_name(k), v, now, int(step)) for k, v in _finite(metrics).items()]
         if ms:
             self.client.log_batch(run_id, metrics=ms)
         return len(ms)
@@ -153,8 +203,12 @@ class Store:
 
     def last_step(self, run_id: str, key: str) -> int:
         """The largest step logged for a metric (0 when none)."""
-        hist = self.client.get_metric_history(run_id, key)
+        hist = self.client.get_metric_history(run_id, logged_name(key))
         return max((m.step for m in hist), default=0)
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, value) of every value logged for a metric, by step."""
+        return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, logged_name(key)))
 
     def all_runs(self) -> list:
         runs, token = [], None
@@ -186,8 +240,13 @@ class Store:
         sweep's parent and method-group runs), and the sweep's parent run id (the oldest parent when
         there are several, e.g. after a rerun). `stability=False` skips the eq. (4) tables
         (artifacts: one download per trial)."""
+        from stabray.progress import counted
+
         parent_id, parent_start, records = None, 0, []
-        for run in self.all_runs():
+        runs = self.all_runs()
+        progress = counted(f"reading {self.experiment!r} from MLflow", len(runs))
+        for run in runs:
+            progress.advance()
             tags = run.data.tags
             role = tags.get(ROLE)
             if role == "sweep":
@@ -203,7 +262,7 @@ class Store:
             for key in ("task", "method"):  # the tags name them too, should a param be missing
                 if key not in params and tags.get(f"stabray.{key}"):
                     params[key] = tags[f"stabray.{key}"]
-            metrics = dict(run.data.metrics)
+            metrics = {record_name(k): v for k, v in run.data.metrics.items()}
             history = [(m.step, m.value) for m in self.client.get_metric_history(rid, "val_acc")]
             status = tags.get(STATUS) or run.info.status  # MLflow's, unless the tag says STOPPED
             records.append(
@@ -214,9 +273,11 @@ class Store:
                     val_history=history,
                     status=status,
                     run_id=rid,
+                    name=run.info.run_name,
                     decomposition=self.download_json(rid, "stability/decomposition.json") if stability else None,
                 )
             )
+        progress.__exit__()
         return records, parent_id
 
 
@@ -228,6 +289,20 @@ def ended_status(last_result: dict[str, Any], error: bool) -> tuple[str, dict[st
         epoch = last_result.get("epoch") or last_result.get("training_iteration")
         return "FINISHED", {STATUS: "STOPPED", STOPPED_AT: str(int(epoch or 0))}
     return status, {}
+
+
+def experiment_links(tracking_uri: str, base_url: str) -> list[tuple[str, str]]:
+    """(experiment name, URL of its runs table) for each experiment with runs in the store, newest
+    first. The URL opens MLflow 3's model-training view (not the GenAI one, its default) and, for a
+    sweep, the saved view of its columns (searched params, accuracy, EAF, status)."""
+    client = _client(tracking_uri)
+    out = []
+    for exp in client.search_experiments(order_by=["creation_time DESC"]):
+        if exp.name == "Default" and not client.search_runs([exp.experiment_id], max_results=1):
+            continue
+        query = "workflowType=machine_learning" + (f"&viewStateShareKey={VIEW_KEY}" if VIEW_TAG in exp.tags else "")
+        out.append((exp.name, f"{base_url}/#/experiments/{exp.experiment_id}/runs?{query}"))
+    return out
 
 
 def _get_run(run_id: str, tracking_uri: str | None):
@@ -245,7 +320,7 @@ def _get_run(run_id: str, tracking_uri: str | None):
 def run_data(run_id: str, tracking_uri: str | None = None) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
     """(latest value of every metric, params, tags) of one run, by id."""
     run = _get_run(run_id, tracking_uri)
-    return dict(run.data.metrics), dict(run.data.params), dict(run.data.tags)
+    return {record_name(k): v for k, v in run.data.metrics.items()}, dict(run.data.params), dict(run.data.tags)
 
 
 def log_artifacts(run_id: str, local_dir: str | Path, artifact_path: str | None, tracking_uri: str | None) -> None:

@@ -14,9 +14,11 @@ from typing import Any
 from ray.tune import Callback
 
 from stabray.config import get_path
-from stabray.record import STABILITY_TABLE, is_metric, trial_params, unwrap
+from stabray.record import STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
 from stabray.tracking import Store, ended_status
-from stabray.tracking.store import CHECKPOINT
+from stabray.tracking.store import CHECKPOINT, STOPPED_AT
+
+CURVES = ("train_loss", "val_acc", "eaf")  # per-epoch metrics in each trial's plots/curves.png
 
 
 class MLflowTuneCallback(Callback):
@@ -24,6 +26,7 @@ class MLflowTuneCallback(Callback):
         self.tracking_uri, self.experiment, self.parent_run_id = tracking_uri, experiment, parent_run_id
         self.searched = list(searched)  # searched config paths: each logged as a param under its last name
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
+        self.names: dict[str, str] = {}  # trial_id -> readable run name (unique within the sweep)
         self.ended: set[str] = set()
         self.logged_step: dict[str, int] = {}  # last epoch logged per trial (not pickled: asked of MLflow)
         self._store: Store | None = None
@@ -35,10 +38,11 @@ class MLflowTuneCallback(Callback):
         return self._store
 
     def get_state(self) -> dict[str, Any]:
-        return {"runs": dict(self.runs), "ended": set(self.ended)}
+        return {"runs": dict(self.runs), "ended": set(self.ended), "names": dict(self.names)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.runs = dict(state.get("runs", {}))
+        self.names = dict(state.get("names", {}))
         self.ended = set(state.get("ended", set()))
         self.logged_step = {}
 
@@ -62,15 +66,35 @@ class MLflowTuneCallback(Callback):
             self.runs[trial.trial_id] = self.store.start_child(
                 self.parent_run_id,
                 trial.trial_id,
-                run_name=str(trial),
+                run_name=self.name_of(trial),
                 params=params,
                 tags={"stabray.task": cfg["task"]["name"], "stabray.method": cfg["method"]["name"]},
                 config=cfg,
             )
         return self.runs[trial.trial_id]
 
+    def name_of(self, trial) -> str:
+        """The trial's readable name (alg1-lam0.2-b4-lr0.0031-s0), made unique with -2, -3, ..."""
+        if trial.trial_id not in self.names:
+            base = run_name(unwrap(trial.config), self.searched)
+            taken, name, k = set(self.names.values()), base, 1
+            while name in taken:
+                k += 1
+                name = f"{base}-{k}"
+            self.names[trial.trial_id] = name
+        return self.names[trial.trial_id]
+
     def on_trial_start(self, iteration, trials, trial, **info):
-        self._run_id(trial)
+        cfg = unwrap(trial.config)
+        self.store.set_description(
+            self._run_id(trial), f"{self._about(cfg)}, up to {get_path(cfg, 'train.epochs')} epochs."
+        )
+
+    def _about(self, cfg: dict[str, Any]) -> str:
+        values = ", ".join(f"{p.rsplit('.', 1)[-1]} = {get_path(cfg, p)}" for p in self.searched)
+        return f"One trial of the sweep **{self.experiment}**: {cfg['method']['name']} on {cfg['task']['name']}" + (
+            f" with {values}" if values else ""
+        )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         rid = self._run_id(trial)
@@ -95,8 +119,41 @@ class MLflowTuneCallback(Callback):
             status, tags = ended_status(trial.last_result or {}, error=False)
             for k, v in tags.items():
                 self.store.set_tag(rid, k, v)
+            self._close(trial, rid, tags.get(STOPPED_AT))
             self.store.end(rid, status)
             self.ended.add(trial.trial_id)
+
+    def _close(self, trial, rid: str, stopped_at: str | None = None, error: str = "") -> None:
+        """The trial's end in its description, and its curves as plots/curves.png."""
+        from stabray.tune import plots
+
+        cfg = unwrap(trial.config)
+        last = trial.last_result or {}
+        epochs = get_path(cfg, "train.epochs", "?")
+        if error:
+            outcome = f"**Failed** after epoch {last.get('epoch', 0)}: `{error}` (full traceback: error.txt)."
+        elif stopped_at is not None:
+            outcome = (
+                f"**Stopped by ASHA** after epoch {stopped_at} of {epochs} (tags stabray.status = STOPPED, "
+                "stabray.stopped_at_epoch); it has no test metrics."
+            )
+        else:
+            outcome = f"**Finished** all {epochs} epochs."
+        shown = [k for k in ("val_acc", "best_val_acc", "test_acc", "eaf", "final_eaf") if k in last]
+        numbers = ", ".join(f"{k} {last[k]:.3f}" for k in shown if isinstance(last[k], (int, float)))
+        self.store.set_description(
+            rid,
+            f"{self._about(cfg)}. {outcome}"
+            + (f" Last: {numbers}." if numbers else "")
+            + " Charts: plots/curves.png (per epoch); timings are the sys/ metrics.",
+        )
+        try:
+            fig = plots.trial_curves({k: self.store.history(rid, k) for k in CURVES}, self.name_of(trial))
+            if fig is not None:
+                self.store.log_figure(rid, fig, "plots/curves.png")
+                plots.close(fig)
+        except Exception as e:  # noqa: BLE001 - a figure must never fail the sweep
+            print(f"stabray: could not plot trial {trial.trial_id}: {e}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         rid = self._run_id(trial)
@@ -104,6 +161,8 @@ class MLflowTuneCallback(Callback):
         err = _read(path) if path else "trial failed (no error file)"
         self.store.set_tag(rid, "stabray.error", err[-4900:])
         self.store.log_text(rid, err, "error.txt")
+        last_line = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "error")
+        self._close(trial, rid, error=last_line.strip()[:300])
         self.store.end(rid, "FAILED")
         self.ended.add(trial.trial_id)
 
@@ -122,6 +181,17 @@ def log_stability_table(store: Store, run_id: str, rows: list[dict[str, Any]]) -
 
     from stabray.stability.plot import plot_bound_vs_T
 
-    store.log_dict(run_id, rows, "stability/decomposition.json")
-    store.log_text(run_id, pl.DataFrame(rows).write_csv(), "stability/decomposition.csv")
-    store.log_figure(run_id, plot_bound_vs_T(rows), "stability/bound_vs_T.png")
+    store.log_dict(run_id, rows, "stability/decomposition.json")  # full precision, what analysis/ reads
+    store.log_text(run_id, rounded(pl.DataFrame(rows)).write_csv(), "stability/decomposition.csv")
+    from stabray.tune.plots import close
+
+    fig = plot_bound_vs_T(rows)
+    store.log_figure(run_id, fig, "stability/bound_vs_T.png")
+    close(fig)
+
+
+def rounded(df, digits: int = 4):
+    """Float columns to `digits` significant digits: a table to read, not 0.11024063080549240."""
+    import polars as pl
+
+    return df.with_columns(pl.col(c).round_sig_figs(digits) for c, t in df.schema.items() if t.is_float())

@@ -18,7 +18,6 @@ from stabray.record import METRICS, TrialRecord, trials_frame
 TEXT_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "eaf", "final_eaf", "loss_gap"]
 ICL_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "val_loss", "test_infer_loss", "eaf",
             "final_eaf", "jac_err_max"]  # fmt: skip
-PARAM_COLS = ["method", "lam", "bits", "lr", "lora_rank"]
 SCIENTIFIC = ("val_loss", "test_infer_loss")  # squared errors far below 1e-3: 2.00e-06, not 0.000
 
 
@@ -29,8 +28,9 @@ def is_icl(task_name: str) -> bool:
 
 
 def searched_columns(spec) -> list[str]:
-    """Columns for searched config paths without a column of their own (e.g. task.params.init_gain
-    -> init_gain): the MLflow callback logs each under its last name."""
+    """Columns for searched config paths other than lam, bits, lr and lora_rank, which the trial's
+    name shows (e.g. task.params.init_gain -> init_gain): the MLflow callback logs each under its
+    last name."""
     from stabray.spec import space_path
 
     known = {"method.params.lam", "method.params.bits", "train.lr", "model.lora.rank"}
@@ -41,52 +41,96 @@ def columns_note(cols: list[str], runner: str) -> str:
     return "columns: " + "; ".join(f"{c} = {METRICS[c].describe(runner)}" for c in cols if c in METRICS) + "."
 
 
-def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s: float) -> pl.DataFrame:
-    """Print the closing table of a sweep from its trial records; returns the full frame."""
-    df = trials_frame(records).rename({"n_epochs": "epochs_run"})
-    if df.height:
-        df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
-    counts = {s: int((df["status"] == s).sum()) for s in ("FINISHED", "STOPPED", "FAILED")} if df.height else {}
-    print(
-        f"\n== sweep {spec.name}: {df.height} trials ({counts.get('FAILED', 0)} failed), "
-        f"{counts.get('FINISHED', 0)} finished, {counts.get('STOPPED', 0)} stopped early, in {wall_s / 60:.1f} min =="
-    )
+def closing_table(spec, df: pl.DataFrame, rows: int = 10) -> tuple[pl.DataFrame, list[str]]:
+    """The best `rows` trials as shown at the end of a sweep and in the parent run's summary.md: the
+    trial's run name (its method and searched values, as in MLflow), searched paths without a place in
+    the name's usual set, epochs run, the metrics and the status. Returns (table, metric columns)."""
     icl = is_icl(spec.task.name)
-    drop = set() if spec.model.lora else {"lora_rank"}
-    if not spec.methods:
-        drop.add("method")
-    params = [] if icl else PARAM_COLS
     metric_cols = ICL_COLS if icl else TEXT_COLS
-    extra = [c for c in searched_columns(spec) if c not in params]
-    cols = ["trial_id", *extra, *params, "epochs_run", *metric_cols, "status"]
-    show = df.select([c for c in cols if c in df.columns and c not in drop]).head(10)
+    cols = ["name", *searched_columns(spec), "epochs_run", *metric_cols, "status"]
+    show = df.select([c for c in cols if c in df.columns]).head(rows).rename({"name": "trial"})
     show = show.with_columns(
         pl.col(c).map_elements(lambda v: f"{v:.2e}", return_dtype=pl.Utf8) for c in SCIENTIFIC if c in show.columns
     )
-    with pl.Config(
-        tbl_rows=12,
-        tbl_cols=24,
-        float_precision=3,
-        tbl_hide_dataframe_shape=True,
-        tbl_hide_column_data_types=True,
-        fmt_str_lengths=16,
-        tbl_width_chars=250,
-        tbl_formatting="ASCII_MARKDOWN",
-    ):
-        print(show)
+    return show, metric_cols
+
+
+def sorted_trials(records: list[TrialRecord]) -> pl.DataFrame:
+    """Every trial, best first (best_val_acc, then val_acc, then the lower final EAF)."""
+    df = trials_frame(records).rename({"n_epochs": "epochs_run"})
+    if df.height:
+        df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
+    return df
+
+
+def status_counts(df: pl.DataFrame) -> dict[str, int]:
+    return {s: int((df["status"] == s).sum()) if df.height else 0 for s in ("FINISHED", "STOPPED", "FAILED")}
+
+
+def headline(spec, df: pl.DataFrame, wall_s: float | None = None) -> str:
+    c = status_counts(df)
+    return (
+        f"sweep {spec.name}: {df.height} trials ({c['FAILED']} failed), {c['FINISHED']} finished, "
+        f"{c['STOPPED']} stopped early" + (f", in {wall_s / 60:.1f} min" if wall_s is not None else "")
+    )
+
+
+TABLE_STYLE = dict(
+    tbl_rows=12,
+    tbl_cols=24,
+    float_precision=3,
+    tbl_hide_dataframe_shape=True,
+    tbl_hide_column_data_types=True,
+    fmt_str_lengths=40,
+    tbl_width_chars=250,
+    tbl_formatting="ASCII_MARKDOWN",
+)
+
+
+def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s: float) -> pl.DataFrame:
+    """Print the closing table of a sweep from its trial records; returns the full frame."""
+    df = sorted_trials(records)
+    print(f"\n== {headline(spec, df, wall_s)} ==")
+    icl = is_icl(spec.task.name)
+    show, metric_cols = closing_table(spec, df)
+    print(console_table(show))
     base = baselines(spec)
     if base:
         print("trivial rules on the same test split: " + "; ".join(f"{k}: {v:.3f}" for k, v in base.items()))
-    print(columns_note(metric_cols, "icl" if icl else "text"))
+    print(wrap(columns_note(metric_cols, "icl" if icl else "text")))
     uri = info["tracking_uri"]
-    print(f"browse: python -m stabray ui --tracking-uri {uri}   (or: mlflow ui --backend-store-uri {uri})")
-    print(f"report: python -m stabray report --experiment {info['experiment']} --tracking-uri {uri}")
+    print(f"browse:  python -m stabray ui --tracking-uri {uri}")
+    print(f"report:  python -m stabray report --experiment {info['experiment']} --tracking-uri {uri}")
     if icl:
         print(
             f"figures 3 / 6 of the best trial: python -m stabray icl-figures --experiment {info['experiment']} "
             f"--tracking-uri {uri}"
         )
     return df
+
+
+def console_table(show: pl.DataFrame) -> str:
+    """The closing table as plain text: no borders, one space between columns, numbers right-aligned
+    with 3 decimals, so ten columns fit in 120 characters."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
+    for name, dtype in show.schema.items():
+        table.add_column(name, justify="right" if dtype.is_numeric() else "left", no_wrap=True)
+    for row in show.iter_rows():
+        table.add_row(*("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+    out = io.StringIO()
+    Console(file=out, width=400, color_system=None, highlight=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+def wrap(text: str, width: int = 120) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False))
 
 
 def baselines(spec) -> dict[str, float]:
@@ -104,3 +148,170 @@ def baselines(spec) -> dict[str, float]:
         splits=("train", "val", "test", *spec.eval.long_splits),
     )["test"]
     return task.baseline_accuracy(test)
+
+
+# ----------------------------------------------------------------------------------- the parent run
+
+
+def _dist_text(dist) -> str:
+    kind = dist.kind()
+    v = getattr(dist, kind)
+    return f"{kind} {', '.join(map(str, v))}" if kind == "choice" else f"{kind} [{v[0]}, {v[1]}]"
+
+
+def searched_names(spec) -> list[str]:
+    """The param names the searched paths are logged under (lam, bits, lr, init_gain, ...)."""
+    from stabray.spec import space_path
+
+    out = []
+    for sub_spec in _method_specs(spec):
+        for key in sub_spec.search.space:
+            name = space_path(key).rsplit(".", 1)[-1]
+            name = {"rank": "lora_rank"}.get(name, name)
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def _method_specs(spec) -> list:
+    from stabray.spec import method_specs
+
+    return [s for _, s in method_specs(spec)]
+
+
+def sweep_params(spec) -> dict[str, Any]:
+    """The parent run's params at the start: what the sweep studies and how it searches."""
+    s = spec.search
+    p: dict[str, Any] = {
+        "task": spec.task.name,
+        **{k: v for k, v in spec.task.params.items()},
+        "model": spec.model.pretrained or f"embedded-{spec.model.preset}",
+        "epochs": spec.train.epochs,
+        "num_samples": s.num_samples,
+        "searcher": s.searcher,
+        "scheduler": s.scheduler
+        if s.scheduler != "asha"
+        else f"asha (grace {s.grace_period}, rf {s.reduction_factor})",
+    }
+    if spec.methods:
+        p["methods"] = ", ".join(m.method.name for m in _method_specs(spec))
+    else:
+        p["method"] = spec.method.name
+    for sub_spec in _method_specs(spec):
+        for key, dist in sub_spec.search.space.items():
+            prefix = f"space.{sub_spec.method.name}." if spec.methods else "space."
+            p[prefix + key] = _dist_text(dist)
+    return p
+
+
+def sweep_description(spec) -> str:
+    """The parent run's description (Markdown): what the sweep studies, which columns matter."""
+    runner = "icl" if is_icl(spec.task.name) else "text"
+    methods = ", ".join(s.method.name for s in _method_specs(spec))
+    s = spec.search
+    stop = (
+        f"ASHA may stop a weak trial once it has run {s.grace_period} epoch{'s' if s.grace_period != 1 else ''} "
+        f"(reduction factor {s.reduction_factor})"
+        if s.scheduler == "asha"
+        else "every trial runs all epochs"
+    )
+    metric_cols = ICL_COLS if runner == "icl" else TEXT_COLS
+    lines = [
+        f"**Sweep `{spec.name}`**: {methods} on `{spec.task.name}` "
+        f"({', '.join(f'{k}={v}' for k, v in spec.task.params.items()) or 'default size'}), "
+        f"{s.num_samples} trials of up to {spec.train.epochs} epochs; {s.searcher} searches "
+        f"{', '.join(searched_names(spec)) or 'nothing'} for the best `{s.metric}` ({s.mode}); {stop}.",
+        "",
+        "Each child run is one trial, named after its method and searched values (`alg1-lam0.2-b4-lr0.0031-s0`: "
+        "λ 0.2, 4 bits, lr 0.0031, seed 0). A trial ASHA stopped shows *Finished* in MLflow's status column "
+        "with the tag `stabray.status` = STOPPED and `stabray.stopped_at_epoch`; it has no test metrics.",
+        "",
+        "Columns that matter: " + "; ".join(f"`{c}`: {METRICS[c].describe(runner)}" for c in metric_cols) + ". "
+        "Timings and placement are the `sys/` metrics.",
+        "",
+        "When the sweep ends, this run's own params and metrics are those of the best trial (highest "
+        "`best_val_acc`), and it holds `summary.md` (the best trials), `plots/val_acc_per_epoch.png`, "
+        "`plots/accuracy_vs_eaf.png` and `sweep_spec.json`.",
+    ]
+    return "\n".join(lines)
+
+
+def view_columns(spec) -> list[str]:
+    """The runs-table columns the sweep is read in (the `stabray ui` link): searched params, then the
+    metrics of the closing table, then the status tag."""
+    metric_cols = ICL_COLS if is_icl(spec.task.name) else TEXT_COLS
+    cols = [f"params.{n}" for n in searched_names(spec)]
+    if spec.methods:
+        cols.insert(0, "params.method")
+    return cols + [f"metrics.{m}" for m in metric_cols] + ["tags.stabray.status", "tags.stabray.stopped_at_epoch"]
+
+
+def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str:
+    runner = "icl" if is_icl(spec.task.name) else "text"
+    show, metric_cols = closing_table(spec, df, rows=50)
+    with pl.Config(**{**TABLE_STYLE, "tbl_rows": 60}):
+        table = str(show)
+    base = baselines(spec)
+    lines = [f"# {headline(spec, df, wall_s)}", "", table, ""]
+    if base:
+        lines += ["Trivial rules on the same test split: " + "; ".join(f"{k}: {v:.3f}" for k, v in base.items()), ""]
+    lines += ["Columns: " + "; ".join(f"`{c}`: {METRICS[c].describe(runner)}" for c in metric_cols if c in METRICS)]
+    return "\n".join(lines) + "\n"
+
+
+def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord], wall_s: float | None = None):
+    """Write the end of a sweep into its parent run: the best trial's params and metrics, summary.md,
+    the two sweep plots and a description with the outcome. Returns the best trial's row (or None)."""
+    from stabray.tune import plots
+
+    df = sorted_trials(records)
+    if not df.height:
+        return None
+    best = df.row(0, named=True)
+    runner = "icl" if is_icl(spec.task.name) else "text"
+    metric_cols = ICL_COLS if runner == "icl" else TEXT_COLS
+    params = {n: best.get(n) for n in searched_names(spec) if best.get(n) is not None}
+    if spec.methods:
+        params["method"] = best.get("method")
+    try:
+        store.log_params(parent_run_id, params)
+    except Exception as e:  # noqa: BLE001 - e.g. a resumed sweep whose best trial changed: keep going
+        print(f"stabray: the parent run keeps its earlier best params ({type(e).__name__})")
+    shown = {m: float(f"{best[m]:.4g}") for m in metric_cols if isinstance(best.get(m), float)}  # a summary
+    store.log_metrics(parent_run_id, shown, step=0)
+    store.set_tag(parent_run_id, "stabray.best_run_id", str(best.get("run_id")))
+    store.set_tag(parent_run_id, "stabray.best_trial", str(best.get("name")))
+    md = summary_markdown(spec, df, wall_s)
+    store.log_text(parent_run_id, md, "summary.md")
+    by_id = {r.run_id: r for r in records}
+    trials = [
+        {"name": row["name"], "status": row["status"], "history": sorted(by_id[row["run_id"]].val_history)}
+        for row in df.iter_rows(named=True)
+        if row["run_id"] in by_id
+    ]
+    points = []
+    for row in df.iter_rows(named=True):
+        finished = row["status"] == "FINISHED" and row.get("test_acc") is not None
+        points.append(
+            {
+                "acc": row.get("test_acc") if finished else row.get("best_val_acc"),
+                "eaf": row.get("final_eaf") if finished and row.get("final_eaf") is not None else row.get("eaf"),
+                "status": row["status"] or "FINISHED",
+                "label": row["name"],
+            }
+        )
+    for fig, path in (
+        (plots.sweep_val_acc(trials, spec.train.epochs), "plots/val_acc_per_epoch.png"),
+        (plots.accuracy_vs_eaf(points), "plots/accuracy_vs_eaf.png"),
+    ):
+        store.log_figure(parent_run_id, fig, path)
+        plots.close(fig)
+    best_numbers = ", ".join(f"`{m}` {best[m]:.3f}" for m in metric_cols if isinstance(best.get(m), float))
+    store.set_description(  # the outcome first: the run page shows the first lines of a description
+        parent_run_id,
+        f"**Result**: {headline(spec, df, wall_s)}. Best trial: **{best['name']}** ({best_numbers}).\n\n"
+        + md.split("\n", 2)[2]
+        + "\n"
+        + sweep_description(spec),
+    )
+    return best

@@ -19,6 +19,7 @@ from stabray.record import BUNDLE
 from stabray.spec import space_path
 from stabray.tracking import Store, resolve_tracking_uri
 from stabray.tune.callbacks import MLflowTuneCallback
+from stabray.tune.console import SweepConsole
 from stabray.tune.trainable import trainable
 
 
@@ -48,16 +49,46 @@ def trial_name(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def init_ray(address: str | None = None) -> str:
+def quiet_logs(verbose: bool) -> None:
+    """Unless verbose: no Optuna study lines, no MLflow database-migration lines, and no TensorBoard
+    logger (its only output here is a warning about the eq. (4) table; the JSON and CSV loggers,
+    which `analysis` reads, are added explicitly by `ray_loggers`)."""
+    import logging
+
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    global _SET_OUTPUT
+    if verbose:
+        if _SET_OUTPUT:  # give Ray back its default output engine
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+            _SET_OUTPUT = False
+        return
+    # Ray's new output engine prints an experiment box at verbose=0; the classic one prints nothing.
+    _SET_OUTPUT = os.environ.get("RAY_AIR_NEW_OUTPUT") != "0"
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # MLflow configures its "mlflow" logger when imported: quiet its children (sqlite migrations)
+    for name in ("mlflow.store", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+_SET_OUTPUT = False
+
+
+def ray_loggers() -> list:
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    return [JsonLoggerCallback(), CSVLoggerCallback()]
+
+
+def init_ray(address: str | None = None, verbose: bool = False) -> str:
     """Join a running cluster (RAY_ADDRESS, or one started with `ray start` / `ray up`) or start a
-    local one. Returns a short description."""
+    local one. Returns a short description. Unless verbose, the trials' own output (Ray's checkpoint
+    lines, warnings) is not forwarded to this console: it stays in each trial's directory."""
     if ray.is_initialized():
         return "already initialised"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # one line per trial event instead of Ray's full-config status boxes
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     addr = address or os.environ.get("RAY_ADDRESS")
-    kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    kwargs = dict(include_dashboard=False, log_to_driver=verbose, configure_logging=False)
     if addr == "local":  # always a fresh local instance (tests, benchmarks: never join another's)
         os.environ.pop("RAY_ADDRESS", None)
         ray.init(address="local", **kwargs)
@@ -94,7 +125,14 @@ def latest_run_dir(root: Path, name: str) -> Path | None:
     return dirs[-1] if dirs else None
 
 
-def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, resume: bool):
+def make_tuner(
+    spec: SweepSpec,
+    run_dir: Path,
+    callback: MLflowTuneCallback,
+    resume: bool,
+    console: SweepConsole | None = None,
+    verbose: bool = False,
+):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import ConcurrencyLimiter
 
@@ -107,6 +145,9 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
     elif s.searcher == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
+
+        if not verbose:  # "A new study created in RDB ..."
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
 
         # The study lives in a sqlite file beside the Ray results, so a resumed sweep continues it.
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,10 +189,11 @@ def make_tuner(spec: SweepSpec, run_dir: Path, callback: MLflowTuneCallback, res
         run_config=tune.RunConfig(
             name=run_dir.name,
             storage_path=str(run_dir.parent),
-            callbacks=[callback],
+            callbacks=[c for c in (callback, console) if c is not None] + ray_loggers(),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
-            verbose=1,
+            verbose=1 if verbose else 0,  # 0: our console view instead of Ray's status tables
+            log_to_file=not verbose,  # each trial's stdout/stderr into its directory
         ),
     )
 
@@ -186,8 +228,10 @@ def run_sweep(
     storage: str | None = None,
     resume: bool = False,
     address: str | None = None,
+    verbose: bool = False,
 ):
-    """Run (or resume) a sweep. Returns (results, info): results is a ResultGrid (a CombinedGrid for
+    """Run (or resume) a sweep. `verbose`: Ray's own status output instead of stabray's console view.
+    Returns (results, info): results is a ResultGrid (a CombinedGrid for
     a multi-method sweep, one Optuna study and one MLflow group run per method, run one after the
     other), info holds the tracking URI, experiment, parent run id, results directory, completeness."""
     from stabray.spec import method_specs
@@ -201,8 +245,9 @@ def run_sweep(
             raise UserError(f"--resume: no earlier sweep {spec.name!r} under {root}")
     else:
         run_dir = root / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    quiet_logs(verbose)
     store = Store(uri, experiment)  # fails fast on a bad tracking URI, before Ray starts
-    how = init_ray(address)
+    how = init_ray(address, verbose)
     check_resources(spec)
     info_file = run_dir / "stabray_sweep.json"
     if resume:
@@ -211,14 +256,19 @@ def run_sweep(
         store = Store(uri, experiment)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
+        from stabray.tune.summary import sweep_description, sweep_params, view_columns
+
         saved = {
-            "parent_run_id": store.start_parent(spec.name, run_dir.name, spec.model_dump()),
+            "parent_run_id": store.start_parent(
+                spec.name, run_dir.name, spec.model_dump(), sweep_params(spec), sweep_description(spec)
+            ),
             "tracking_uri": uri,
             "experiment": experiment,
             "spec": str(spec_path),
             "groups": {},
         }
         info_file.write_text(json.dumps(saved))
+        store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.metric}")
     parent = saved["parent_run_id"]
     info = {
         "tracking_uri": uri,
@@ -229,7 +279,7 @@ def run_sweep(
         "complete": True,
         "groups": saved["groups"],  # method -> MLflow group run (multi-method sweeps)
     }
-    print(f"stabray: {how}; results in {run_dir}; MLflow {uri} experiment {experiment!r}", flush=True)
+    print(f"stabray: {how}\n  results:  {run_dir}\n  MLflow:   {uri} (experiment {experiment!r})", flush=True)
     grids = []
     for label, sub in method_specs(spec):
         sub_dir = run_dir if label is None else run_dir / label
@@ -245,7 +295,12 @@ def run_sweep(
             tuner = make_tuner(sub, sub_dir, None, resume=True)
         else:
             searched = [space_path(k) for k in sub.search.space]
-            tuner = make_tuner(sub, sub_dir, MLflowTuneCallback(uri, experiment, group, searched), resume=False)
+            cb = MLflowTuneCallback(uri, experiment, group, searched)
+            title = f"{sub.name}" + (f" [{label}]" if label else "")
+            console = (
+                None if verbose else SweepConsole(title, sub.search.num_samples, sub.train.epochs, searched, cb.name_of)
+            )
+            tuner = make_tuner(sub, sub_dir, cb, resume=False, console=console, verbose=verbose)
         grid = tuner.fit()
         grids.append(grid)
         done = grid.num_terminated + grid.num_errors >= sub.search.num_samples
@@ -271,11 +326,14 @@ def run_configs(
     """Run fixed trial configs (e.g. a selected configuration with several seeds) as one Ray Tune
     run, logged to `experiment` under a new parent run."""
     uri = resolve_tracking_uri(tracking_uri)
+    quiet_logs(False)
     store = Store(uri, experiment)
     init_ray()
     run_dir = Path(storage or "stabray_runs").absolute() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = store.start_parent(name, run_dir.name, {"configs": configs})
     cb = MLflowTuneCallback(uri, experiment, parent)
+    epochs = max(int(c.get("train", {}).get("epochs") or 1) for c in configs)
+    console = SweepConsole(f"{experiment} {name}", len(configs), epochs, namer=cb.name_of)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu}),
         param_space={BUNDLE: tune.grid_search([copy.deepcopy(c) for c in configs])},
@@ -283,9 +341,10 @@ def run_configs(
         run_config=tune.RunConfig(
             name=run_dir.name,
             storage_path=str(run_dir.parent),
-            callbacks=[cb],
+            callbacks=[cb, console, *ray_loggers()],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            verbose=1,
+            verbose=0,
+            log_to_file=True,
         ),
     )
     grid = tuner.fit()
