@@ -20,11 +20,14 @@ def build_report(
     (default ./reports/<experiment>); from MLflow, also log the folder to the parent run."""
     out = Path(out or Path("reports") / experiment)
     out.mkdir(parents=True, exist_ok=True)
-    loaded = load(experiment, tracking_uri, ray_dir)
+    from stabray.progress import stage
+
+    loaded = load(experiment, tracking_uri, ray_dir)  # reading MLflow reports its own progress
     trials, decomp = loaded.trials, loaded.decomposition
-    tables = all_tables(trials, decomp)
-    figures = all_figures(trials, decomp, out)
-    figures += icl_figures(experiment, trials, tracking_uri, ray_dir, out)
+    with stage(f"tables and figures of {trials.height} trials into {out}"):
+        tables = all_tables(trials, decomp)
+        figures = all_figures(trials, decomp, out)
+        figures += icl_figures(experiment, trials, tracking_uri, ray_dir, out)
     for t in tables:
         t.write(out)
     source = f"Ray Tune dir `{ray_dir}`" if ray_dir else f"MLflow `{tracking_uri or 'default'}`"

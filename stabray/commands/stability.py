@@ -48,9 +48,11 @@ def run(args) -> int:
         raise UserError("--n, --iters and --token-cap must be >= 1")
     ckpt, run_id = _resolve(args.target, args.tracking_uri)
     run_id = args.run_id or run_id
+    from stabray.progress import stage
     from stabray.train import StabilityOptions, load_run
 
-    trial = load_run(ckpt)
+    with stage(f"loading {ckpt}"):
+        trial = load_run(ckpt)
     opts = StabilityOptions(
         n=args.n,
         iters=args.iters,
@@ -58,7 +60,8 @@ def run(args) -> int:
         aggregation=args.aggregation,
         include_question=args.include_question,
     )
-    table = trial.stability_table(opts)
+    with stage(f"measuring eq. (4) on {args.n} test examples ({args.iters} power iterations per Jacobian)"):
+        table = trial.stability_table(opts)
     if table.note:
         print(table.note)
     rows = table.rows

@@ -99,8 +99,8 @@ def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s
         print("trivial rules on the same test split: " + "; ".join(f"{k}: {v:.3f}" for k, v in base.items()))
     print(wrap(columns_note(metric_cols, "icl" if icl else "text")))
     uri = info["tracking_uri"]
-    print(f"browse:  python -m stabray ui --tracking-uri {uri}")
-    print(f"report:  python -m stabray report --experiment {info['experiment']} --tracking-uri {uri}")
+    print(f"browse: python -m stabray ui --tracking-uri {uri}")
+    print(f"report: python -m stabray report --experiment {info['experiment']} --tracking-uri {uri}")
     if icl:
         print(
             f"figures 3 / 6 of the best trial: python -m stabray icl-figures --experiment {info['experiment']} "
@@ -259,6 +259,16 @@ def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
+def trial_line(row: dict[str, Any], metric_cols: list[str]) -> str:
+    """One trial in a sentence: name, its numbers, how it ended."""
+    numbers = ", ".join(f"{m} {row[m]:.3f}" for m in metric_cols if isinstance(row.get(m), float))
+    ended = {
+        "FINISHED": f"finished {row.get('epochs_run')} epochs",
+        "STOPPED": f"stopped by ASHA after epoch {row.get('epochs_run')}",
+    }.get(row.get("status"), str(row.get("status")).lower())
+    return f"`{row['name']}`: {numbers} ({ended})"
+
+
 def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord], wall_s: float | None = None):
     """Write the end of a sweep into its parent run: the best trial's params and metrics, summary.md,
     the two sweep plots and a description with the outcome. Returns the best trial's row (or None)."""
@@ -307,11 +317,13 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
         store.log_figure(parent_run_id, fig, path)
         plots.close(fig)
     best_numbers = ", ".join(f"`{m}` {best[m]:.3f}" for m in metric_cols if isinstance(best.get(m), float))
+    top = [f"- {trial_line(row, metric_cols)}" for row in df.head(5).iter_rows(named=True)]
     store.set_description(  # the outcome first: the run page shows the first lines of a description
         parent_run_id,
         f"**Result**: {headline(spec, df, wall_s)}. Best trial: **{best['name']}** ({best_numbers}).\n\n"
-        + md.split("\n", 2)[2]
-        + "\n"
+        + "Best trials (all of them in `summary.md`):\n\n"
+        + "\n".join(top)
+        + "\n\n"
         + sweep_description(spec),
     )
     return best
