@@ -1,8 +1,8 @@
 """Progress on stderr for work that may take more than a few seconds (data generation, reading a
 sweep back from MLflow, the eq. (4) measurement, a report), so stdout keeps only the results.
 
-- `stage(text)`: one step of unknown length. On a terminal a spinner with the elapsed time; in a
-  log, a line when it starts and one when it ends (only when it took `quiet_s` or more).
+- `stage(text)`: one step of unknown length. On a terminal a spinner while it runs, and a line with
+  the time taken when that was `quiet_s` or more; in a log, a line when it starts and one when it ends.
 - `counted(text, total)`: a loop of known length. Nothing for the first `after_s` seconds (fast work
   prints nothing), then `text: k/total` at most every `every_s` seconds (rewritten in place on a
   terminal), and a last line with the time taken.

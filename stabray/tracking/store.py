@@ -244,40 +244,39 @@ class Store:
 
         parent_id, parent_start, records = None, 0, []
         runs = self.all_runs()
-        progress = counted(f"reading {self.experiment!r} from MLflow", len(runs))
-        for run in runs:
-            progress.advance()
-            tags = run.data.tags
-            role = tags.get(ROLE)
-            if role == "sweep":
-                if parent_id is None or run.info.start_time < parent_start:
-                    parent_id, parent_start = run.info.run_id, run.info.start_time
-                continue
-            if role == "method" or (role != "trial" and PARENT not in tags):
-                continue  # a multi-method sweep's per-method group run holds no trial
-            if parents is not None and tags.get(PARENT) not in parents:
-                continue
-            rid = run.info.run_id
-            params = dict(run.data.params)
-            for key in ("task", "method"):  # the tags name them too, should a param be missing
-                if key not in params and tags.get(f"stabray.{key}"):
-                    params[key] = tags[f"stabray.{key}"]
-            metrics = {record_name(k): v for k, v in run.data.metrics.items()}
-            history = [(m.step, m.value) for m in self.client.get_metric_history(rid, "val_acc")]
-            status = tags.get(STATUS) or run.info.status  # MLflow's, unless the tag says STOPPED
-            records.append(
-                TrialRecord(
-                    trial_id=tags.get(TRIAL_ID) or rid,
-                    params=params,
-                    metrics=metrics,
-                    val_history=history,
-                    status=status,
-                    run_id=rid,
-                    name=run.info.run_name,
-                    decomposition=self.download_json(rid, "stability/decomposition.json") if stability else None,
+        with counted(f"reading {self.experiment!r} from MLflow", len(runs)) as progress:
+            for run in runs:
+                progress.advance()
+                tags = run.data.tags
+                role = tags.get(ROLE)
+                if role == "sweep":
+                    if parent_id is None or run.info.start_time < parent_start:
+                        parent_id, parent_start = run.info.run_id, run.info.start_time
+                    continue
+                if role == "method" or (role != "trial" and PARENT not in tags):
+                    continue  # a multi-method sweep's per-method group run holds no trial
+                if parents is not None and tags.get(PARENT) not in parents:
+                    continue
+                rid = run.info.run_id
+                params = dict(run.data.params)
+                for key in ("task", "method"):  # the tags name them too, should a param be missing
+                    if key not in params and tags.get(f"stabray.{key}"):
+                        params[key] = tags[f"stabray.{key}"]
+                metrics = {record_name(k): v for k, v in run.data.metrics.items()}
+                history = [(m.step, m.value) for m in self.client.get_metric_history(rid, "val_acc")]
+                status = tags.get(STATUS) or run.info.status  # MLflow's, unless the tag says STOPPED
+                records.append(
+                    TrialRecord(
+                        trial_id=tags.get(TRIAL_ID) or rid,
+                        params=params,
+                        metrics=metrics,
+                        val_history=history,
+                        status=status,
+                        run_id=rid,
+                        name=run.info.run_name,
+                        decomposition=self.download_json(rid, "stability/decomposition.json") if stability else None,
+                    )
                 )
-            )
-        progress.__exit__()
         return records, parent_id
 
 

@@ -112,7 +112,6 @@ class SweepConsole(Callback):
     def _start(self) -> None:
         if self.t0 is None:
             self.t0 = time.monotonic()
-            ended, done, budget = self.counts()
             self.line(
                 f"{self.title}: {self.total} trials of up to {self.epochs} epochs"
                 + (", searching " + ", ".join(p.rsplit(".", 1)[-1] for p in self.searched) if self.searched else "")
