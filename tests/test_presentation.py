@@ -236,3 +236,23 @@ def test_help_version_and_listings_fit_the_screen(capsys):
 def test_command_help_fits(capsys, command):
     lines = _output(capsys, [command, "--help"])
     assert all(len(line) <= 200 for line in lines)
+
+
+def test_ui_optuna_finds_the_study(tmp_path):
+    import os
+
+    from stabray.commands.ui import optuna_study
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match="no sweep with an Optuna study"):
+        optuna_study("latest", str(tmp_path))
+    old, new = tmp_path / "dijkstra-20260101-000000", tmp_path / "multi-20260102-000000" / "alg1"
+    for d in (old, new):
+        d.mkdir(parents=True)
+        (d / "optuna.db").write_bytes(b"")
+    os.utime(old / "optuna.db", (1, 1))  # older
+    assert optuna_study("latest", str(tmp_path)) == new / "optuna.db"  # the newest, one level down too
+    assert optuna_study(str(old), "unused") == old / "optuna.db"  # a run directory
+    assert optuna_study(str(new.parent), "unused") == new / "optuna.db"  # a multi-method run: its first method
+    with pytest.raises(UserError, match="no Optuna study"):
+        optuna_study(str(tmp_path / "nope"), "unused")

@@ -198,7 +198,8 @@ def make_tuner(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
             verbose=1 if verbose else 0,  # 0: our console view instead of Ray's status tables
-            log_to_file=not verbose,  # each trial's stdout/stderr into its directory
+            log_to_file=not verbose,  # each trial's stdout/stderr into files, copied into its directory:
+            sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
     )
 
@@ -350,6 +351,7 @@ def run_configs(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=0,
             log_to_file=True,
+            sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
     )
     grid = tuner.fit()
