@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator, model_validator
 
 from stabray.errors import SpecError, UserError
 
@@ -102,13 +102,19 @@ def parse_trial_config(config: dict[str, Any]) -> TrialConfig:
         raise UserError(format_validation_error(e, "trial config")) from None
 
 
-def format_validation_error(e: ValidationError, where: str) -> str:
+def validation_problem(e: ValidationError) -> tuple[str, str]:
+    """(dotted path of the first error, e.g. "search.space.lr"; what is wrong there)."""
     errs = e.errors()
     first = errs[0]
-    loc = ".".join(str(p) for p in first["loc"])
     msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+    msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return f"{where}: {loc}: {msg}{more}"
+    return ".".join(str(p) for p in first["loc"]), msg + more
+
+
+def format_validation_error(e: ValidationError, where: str) -> str:
+    loc, problem = validation_problem(e)
+    return f"{where}: {loc}: {problem}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,9 +130,12 @@ SHORT_NAMES = {  # search-space shorthands -> paths in the trial config
 
 
 class Dist(Strict):
+    """One searched value's distribution. Ranges are [low, high]: `randint` includes both ends;
+    `uniform` and `loguniform` need low < high (and low > 0 for loguniform)."""
+
     choice: list[Any] | None = None
-    loguniform: tuple[float, float] | None = None
-    uniform: tuple[float, float] | None = None
+    loguniform: tuple[FiniteFloat, FiniteFloat] | None = None
+    uniform: tuple[FiniteFloat, FiniteFloat] | None = None
     randint: tuple[int, int] | None = None
 
     def kind(self) -> str:
@@ -134,6 +143,20 @@ class Dist(Strict):
         if len(set_) != 1:
             raise ValueError("give exactly one of choice, loguniform, uniform, randint")
         return set_[0]
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Dist:
+        kind = self.kind()
+        v = getattr(self, kind)
+        if kind == "choice" and not v:
+            raise ValueError("choice: an empty list (give at least one value)")
+        if kind in ("uniform", "loguniform") and not v[0] < v[1]:
+            raise ValueError(f"{kind}: [{v[0]:g}, {v[1]:g}] is empty or reversed (give [low, high] with low < high)")
+        if kind == "loguniform" and v[0] <= 0:
+            raise ValueError(f"loguniform: the low end must be > 0, got {v[0]:g}")
+        if kind == "randint" and v[0] > v[1]:
+            raise ValueError(f"randint: [{v[0]}, {v[1]}] is reversed (give [low, high], both included)")
+        return self
 
 
 class MethodEntry(Strict):
@@ -215,33 +238,65 @@ def deep_merge(base: dict, over: dict, path: tuple[str, ...] = ()) -> dict:
     return out
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where (line, column)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark else what
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """A text file's contents, or a UserError naming the path and why it cannot be read."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a {what}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such {what}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not a text {what} (byte {e.start} is not UTF-8)") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+
+
 def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """A spec file with its `include:` chain resolved (paths relative to the including file)."""
     path = path.resolve()
     if path in seen:
         raise SpecError(str(path), "include", "include cycle")
+    text = read_text(path, "sweep spec")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise SpecError(str(path), "(file)", f"not valid YAML: {e}") from None
+        raise SpecError(str(path), "(file)", f"not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise SpecError(str(path), "(file)", "a sweep spec is a mapping of keys")
     includes = data.pop("include", [])
     includes = [includes] if isinstance(includes, str) else includes
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i for i in includes):
+        raise SpecError(str(path), "include", f"a file name or a list of file names, got {includes!r}")
     merged: dict = {}
     for inc in includes:
         inc_path = path.parent / inc
         if not inc_path.exists():
             raise SpecError(str(path), "include", f"file not found: {inc}")
+        if not inc_path.is_file():
+            raise SpecError(str(path), "include", f"not a file: {inc}")
         merged = deep_merge(merged, read_yaml(inc_path, (*seen, path)))
     return deep_merge(merged, data)
 
 
 def set_path(d: dict, path: str, value: Any) -> None:
+    """Set d[a][b][c] = value for path "a.b.c", creating missing mappings on the way; a UserError
+    when a key on the way holds something other than a mapping (train.lr.x: lr is a number)."""
     keys = path.split(".")
-    for k in keys[:-1]:
+    if not all(keys):
+        raise UserError(f"{path!r}: not a dotted path of keys (like train.epochs)")
+    for i, k in enumerate(keys[:-1]):
         if d.get(k) is None:
             d[k] = {}
+        if not isinstance(d[k], dict):
+            raise UserError(f"{'.'.join(keys[: i + 1])} is {d[k]!r}, not a mapping, so it has no key {keys[i + 1]!r}")
         d = d[k]
     d[keys[-1]] = value
 

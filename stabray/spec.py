@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from stabray.config import (
     format_validation_error,
     read_yaml,
     set_path,
+    validation_problem,
 )
 from stabray.errors import SpecError, UserError
 from stabray.record import searchable_metrics
@@ -49,19 +51,43 @@ def find_spec(name_or_path: str) -> Path:
     )
 
 
-def load_spec(name_or_path: str, overrides: dict[str, Any] | None = None) -> tuple[SweepSpec, Path]:
-    """Read, merge includes and overrides, and validate every field, name and search-space value."""
+def load_spec(
+    name_or_path: str, overrides: dict[str, Any] | None = None, sources: dict[str, str] | None = None
+) -> tuple[SweepSpec, Path]:
+    """Read, merge includes and overrides, and validate every field, name and search-space value.
+    `sources` says how the user wrote an override ({"train.epochs": "--set train.epochs=0"}): an
+    error in a field an override set names that override instead of the spec file."""
     path = find_spec(name_or_path)
     raw = read_yaml(path)
+    sources = sources or {}
     for k, v in (overrides or {}).items():
-        set_path(raw, k, v)
+        try:
+            set_path(raw, k, v)
+        except UserError as e:
+            raise UserError(f"{sources.get(k, k)}: {e}") from None
+    try:
+        return _validated(raw, path), path
+    except SpecError as e:
+        label = next((lab for k, lab in sources.items() if _sets_field(k, e.field)), None)
+        if label is None:
+            raise
+        raise SpecError(f"{label} (spec {path})", e.field, e.problem) from None
+
+
+def _sets_field(key: str, field: str) -> bool:
+    """Whether an override of `key` set the field an error names (or a part of it)."""
+    field = field.rsplit(": ", 1)[-1]  # "methods.alg1: search.space.bits" -> "search.space.bits"
+    return key == field or field.startswith(key + ".") or key.startswith(field + ".")
+
+
+def _validated(raw: dict[str, Any], path: Path) -> SweepSpec:
     space = (raw.get("search") or {}).get("space") or {}
     if (raw.get("model") or {}).get("lora") and not any(space_path(k) == "model.lora.rank" for k in space):
         set_path(raw, "search.space.lora_rank", {"choice": list(DEFAULT_LORA_RANKS)})  # LoRA on: rank searched too
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
-        raise UserError(format_validation_error(e, str(path))) from None
+        raise SpecError(str(path), *validation_problem(e)) from None
     if spec.methods:
         names = [e if isinstance(e, str) else e.name for e in spec.methods]
         dup = {n for n in names if names.count(n) > 1}
@@ -74,7 +100,7 @@ def load_spec(name_or_path: str, overrides: dict[str, Any] | None = None) -> tup
                 raise SpecError(str(path), f"methods.{label}: {e.field}", e.problem) from None
     else:
         validate_semantics(spec, path)
-    return spec, path
+    return spec
 
 
 def method_space(name: str, space: dict | None = None) -> dict[str, Dist]:
@@ -118,14 +144,39 @@ def space_path(key: str) -> str:
     return SHORT_NAMES.get(key, key)
 
 
+MAX_ENUMERATED = 1024  # a randint range up to this many values is checked value by value
+
+
 def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
-    """Values to check per searched path: every choice, and the ends of every range."""
+    """Values to check per searched path, so that every value a distribution can produce builds a
+    valid trial: every choice; every integer of a randint range (above MAX_ENUMERATED values,
+    that many evenly spaced ones, both ends included); the ends and the middle of a continuous
+    range (its validators are intervals: ends plus an interior value cover them, and the middle
+    value catches a continuous range on an integer field)."""
     out = {}
     for key, dist in spec.search.space.items():
         kind = dist.kind()
         v = getattr(dist, kind)
-        out[key] = list(v) if kind == "choice" else [v[0], v[1]]
+        if kind == "choice":
+            out[key] = list(v)
+        elif kind == "randint":
+            lo, hi = v
+            if hi - lo + 1 <= MAX_ENUMERATED:
+                out[key] = list(range(lo, hi + 1))
+            else:
+                out[key] = sorted({lo + round(i * (hi - lo) / (MAX_ENUMERATED - 1)) for i in range(MAX_ENUMERATED)})
+        elif kind == "uniform":
+            out[key] = [v[0], (v[0] + v[1]) / 2, v[1]]
+        else:  # loguniform: the geometric middle
+            out[key] = [v[0], math.sqrt(v[0] * v[1]), v[1]]
     return out
+
+
+def _describe(dist: Dist, value: Any) -> str:
+    kind = dist.kind()
+    if kind == "choice":
+        return f"value {value!r}"
+    return f"{kind} {list(getattr(dist, kind))} can produce {value!r}"
 
 
 def validate_semantics(spec: SweepSpec, path: Path) -> None:
@@ -166,6 +217,7 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")
     for key, values in sample_points(spec).items():
         p = space_path(key)
+        dist = spec.search.space[key]
         for v in values:
             trial = copy.deepcopy(base)
             set_path(trial, p, v)
@@ -175,10 +227,10 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
                 get_task(cfg.task.name, **cfg.task.params)
             except ValidationError as e:
                 raise SpecError(
-                    where, f"search.space.{key}", f"value {v!r}: " + format_validation_error(e, "trial")
+                    where, f"search.space.{key}", f"{_describe(dist, v)}: " + format_validation_error(e, "trial")
                 ) from None
-            except UserError as e:
-                raise SpecError(where, f"search.space.{key}", f"value {v!r}: {e}") from None
+            except (UserError, TypeError) as e:
+                raise SpecError(where, f"search.space.{key}", f"{_describe(dist, v)}: {e}") from None
     if not spec.search.space:
         try:
             get_method(spec.method.name, **spec.method.params)
