@@ -67,8 +67,19 @@ def version() -> str:
     return __version__
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (argparse prints the usage first), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def one_line(message: str) -> str:
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="stabray", description=ABOUT, epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"stabray {version()}")
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

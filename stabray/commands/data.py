@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from stabray.errors import UserError
 
@@ -45,18 +46,31 @@ def examples(task, split: str, n: int, seed: int, size: int | None):
     return draw(task, split, n, seed, size, exclude=exclude)
 
 
+def check_output_file(path: str, force: bool) -> Path:
+    """An output file we may write: its folder exists, it is not a folder, and it is new unless --force."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"--out {path}: is a directory; give a file name (e.g. {out / 'examples.jsonl'})")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {path}: the directory {out.parent} does not exist")
+    if out.exists() and not force:
+        raise UserError(f"--out {path}: the file exists; pass --force to overwrite it")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from stabray.tasks import get_task
 
+    if args.n < 1:
+        raise UserError(f"--n must be >= 1, got {args.n}")
+    path = None if args.out == "-" else check_output_file(args.out, args.force)
     task = get_task(args.task, **parse_params(args.param))
     exs = examples(task, args.split, args.n, args.seed, args.size)
-    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
-    try:
-        for e in exs:
-            out.write(json.dumps({**e.to_record(), "meta": e.meta}) + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    lines = "".join(json.dumps({**e.to_record(), "meta": e.meta}) + "\n" for e in exs)
+    if path is None:
+        sys.stdout.write(lines)
+    else:
+        path.write_text(lines, encoding="utf-8")
     size = args.size if args.size is not None else exs[0].meta.get("n")
     print(
         f"wrote {len(exs)} {task.name} examples ({args.split}, {task.size_field}={size}, seed {args.seed}) "
@@ -77,6 +91,7 @@ def register(subparsers) -> None:
     p.add_argument("--split", choices=SPLITS, default="test", help="which split (default test)")
     p.add_argument("--n", type=int, default=200, help="number of examples (default 200)")
     p.add_argument("--out", default="-", help="output .jsonl file ('-' = stdout, the default)")
+    p.add_argument("--force", action="store_true", help="overwrite --out when it exists")
     p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0, as in sweeps)")
     p.add_argument(
         "--size", type=int, default=None, help="input size (nodes / variables) to draw at, overriding the split's own"

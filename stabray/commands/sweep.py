@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
 
 import yaml
@@ -43,30 +45,42 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_overrides(args) -> dict:
+def parse_overrides(args) -> tuple[dict, dict]:
+    """(overrides {dotted path: value}, sources {dotted path: the flag that set it, for errors})."""
+    from stabray.config import yaml_problem
     from stabray.errors import UserError
 
-    out = {}
+    out, sources = {}, {}
     for item in args.set:
-        if "=" not in item:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
             raise UserError(f"--set {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        try:
+            out[k] = yaml.safe_load(v)
+        except yaml.YAMLError as e:
+            raise UserError(f"--set {item}: the value is not valid YAML: {yaml_problem(e)}") from None
+        sources[k] = f"--set {item}"
     if args.method:
         out["method.name"] = args.method
-        out.setdefault("method.params", {})
+        sources["method.name"] = f"--method {args.method}"
     if args.num_samples is not None:
         out["search.num_samples"] = args.num_samples
-    return out
+        sources["search.num_samples"] = f"--num-samples {args.num_samples}"
+    return out, sources
 
 
 def run(args) -> int:
     from stabray.spec import load_spec
 
-    overrides = parse_overrides(args)
-    if args.method:
-        overrides.update(method_space_overrides(args.spec, args.method))
-    spec, path = load_spec(args.spec, overrides)  # every error here exits 2, before Ray starts
+    overrides, sources = parse_overrides(args)
+    if args.method:  # first the method's own space and params, then the user's --set on top of them
+        from stabray.spec import space_path
+
+        method = method_space_overrides(args.spec, args.method)
+        mine = {space_path(k.removeprefix("search.space.")) for k in overrides if k.startswith("search.space.")}
+        method["search.space"] = {k: d for k, d in method["search.space"].items() if space_path(k) not in mine}
+        overrides = {**method, **overrides}
+    spec, path = load_spec(args.spec, overrides, sources)  # every error here exits 2, before Ray starts
     if args.dry_run:
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         return 0
@@ -75,15 +89,19 @@ def run(args) -> int:
     from stabray.tune.sweep import run_sweep
 
     t0 = time.perf_counter()
-    _, info = run_sweep(
-        spec,
-        path,
-        tracking_uri=args.tracking_uri,
-        storage=args.storage,
-        resume=args.resume,
-        address=args.address,
-        verbose=args.verbose,
-    )
+    try:
+        _, info = run_sweep(
+            spec,
+            path,
+            tracking_uri=args.tracking_uri,
+            storage=args.storage,
+            resume=args.resume,
+            address=args.address,
+            verbose=args.verbose,
+        )
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once
+        print(f"interrupted; continue the sweep with:\n  {resume_command(args)}", file=sys.stderr)
+        return 130
     parents = {info["parent_run_id"], *info["groups"].values()}
     store = Store(info["tracking_uri"], info["experiment"])
     records, _ = store.trial_records(stability=False, parents=parents)
@@ -91,24 +109,56 @@ def run(args) -> int:
     if info.get("complete", True):  # the parent run's best trial, summary.md and plots
         log_sweep_summary(store, info["parent_run_id"], spec, records, time.perf_counter() - t0)
     if not info.get("complete", True):
+        why = f"stopped by {info['interrupted']}" if info.get("interrupted") else "interrupted"
         print(
-            f"the sweep was interrupted before all {spec.search.num_samples} trials ended; continue it with:\n"
-            f"  python -m stabray sweep {args.spec} --resume" + (f" --storage {args.storage}" if args.storage else "")
+            f"the sweep was {why} before all its trials ended (MLflow: KILLED); continue it with:\n"
+            f"  {resume_command(args)}",
+            flush=True,
         )
         return 130
     return 0
 
 
+def resume_command(args) -> str:
+    """The command that continues this sweep: the same spec and flags, plus --resume."""
+    parts = ["python", "-m", "stabray", "sweep", args.spec]
+    for flag, value in (
+        ("--method", args.method),
+        ("--num-samples", args.num_samples),
+        ("--tracking-uri", args.tracking_uri),
+        ("--storage", args.storage),
+        ("--address", args.address),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    for item in args.set:
+        parts += ["--set", item]
+    return shlex.join([*parts, "--resume"])
+
+
 def method_space_overrides(spec_name: str, method: str) -> dict:
     """--method X: X alone, searching its own default space plus the spec's non-method keys (lr...)."""
     from stabray.config import read_yaml
+    from stabray.errors import UserError
     from stabray.methods import METHODS
     from stabray.spec import find_spec, method_space, space_path
 
-    raw = read_yaml(find_spec(spec_name))
+    path = find_spec(spec_name)
+    raw = read_yaml(path)
     space = dict((raw.get("search") or {}).get("space") or {})
     keep = {k: v for k, v in space.items() if not space_path(k).startswith("method.")}
-    name = METHODS.canonical(method)
-    entry = next((e for e in raw.get("methods") or [] if isinstance(e, dict) and e.get("name") == name), {})
+    try:
+        name = METHODS.canonical(method)
+    except UserError as e:
+        raise UserError(f"--method {method}: {e}") from None
+    listed = raw.get("methods")
+    if isinstance(listed, list) and listed:
+        names = [e.get("name") if isinstance(e, dict) else e for e in listed]
+        if name not in {METHODS.canonical(n) for n in names if isinstance(n, str) and n in METHODS}:
+            raise UserError(
+                f"--method {method}: {path} sweeps the methods {', '.join(map(str, names))}, and {name} is not "
+                "one of them (leave out --method to run them all)"
+            )
+    entry = next((e for e in listed or [] if isinstance(e, dict) and e.get("name") == name), {})
     keep.update({k: d.model_dump(exclude_none=True) for k, d in method_space(name, entry.get("space")).items()})
     return {"search.space": keep, "methods": None, "method.params": entry.get("params", {})}
