@@ -52,9 +52,14 @@ def curves_from_checkpoint(path: str | Path) -> dict[str, Any]:
     f = path / "icl_curves.json"
     if f.exists():
         return json.loads(f.read_text())
+    from stabray.errors import UserError
     from stabray.train import load_run
 
     run = load_run(path)
+    if not hasattr(run, "curves"):
+        raise UserError(
+            f"{path}: a checkpoint of task {run.cfg.task.name!r}; Figures 3 and 6 need icl_linear or icl_quadratic"
+        )
     run.final()
     return run.curves
 

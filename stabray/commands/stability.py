@@ -22,6 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("target", help="checkpoint directory or MLflow run id")
     p.add_argument("--n", type=int, default=64, help="test examples evaluated (default 64)")
     p.add_argument("--out", default=None, help="output folder (default: <checkpoint>/stability)")
+    p.add_argument("--force", action="store_true", help="overwrite stability.csv / stability.json in --out")
     p.add_argument("--run-id", default=None, help="MLflow run to log to (default: the target when it is a run id)")
     p.add_argument(
         "--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -40,7 +41,25 @@ def _resolve(target: str, tracking_uri: str | None) -> tuple[Path, str | None]:
     path = Path(target)
     if path.is_dir():
         return path, None
+    if path.exists():
+        raise UserError(f"{target}: a file, not a checkpoint directory")
+    if "/" in target or target.startswith("."):  # a path, not an MLflow run id
+        raise UserError(f"{target}: no such checkpoint directory")
     return Path(checkpoint_dir_of(target, tracking_uri)), target
+
+
+OUTPUTS = ("stability.csv", "stability.json")
+
+
+def check_out(out: Path, force: bool) -> None:
+    """The output folder may be new or hold other files; our own outputs are replaced only with --force."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: a file, not a directory")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: the directory {out.parent} does not exist")
+    there = [f for f in OUTPUTS if (out / f).exists()]
+    if there and not force:
+        raise UserError(f"{out / there[0]} exists; pass --force to overwrite it, or --out another folder")
 
 
 def run(args) -> int:
@@ -48,6 +67,12 @@ def run(args) -> int:
         raise UserError("--n, --iters and --token-cap must be >= 1")
     ckpt, run_id = _resolve(args.target, args.tracking_uri)
     run_id = args.run_id or run_id
+    if args.run_id:  # the run to log to must exist before the work starts
+        from stabray.tracking import run_data
+
+        run_data(args.run_id, args.tracking_uri)
+    out = Path(args.out) if args.out else ckpt / "stability"
+    check_out(out, args.force)
     from stabray.progress import stage
     from stabray.train import StabilityOptions, load_run
 
@@ -65,8 +90,7 @@ def run(args) -> int:
     if table.note:
         print(table.note)
     rows = table.rows
-    out = Path(args.out) if args.out else ckpt / "stability"
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
     import polars as pl
 
     df = pl.DataFrame(rows)

@@ -44,7 +44,7 @@ from stabray.models.icl import build_icl_model
 from stabray.stability.jacobian import eaf_from_norms, rho_matrix
 from stabray.tasks import get_task
 from stabray.train.loop import lr_schedule
-from stabray.train.runner import RUNNERS, Runner, StabilityOptions, StabilityTable
+from stabray.train.runner import CONFIG, RUNNERS, Runner, StabilityOptions, StabilityTable, read_state, save_state
 
 DTYPE = torch.float64
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2, "test_long": 3, "test_longer": 4}
@@ -426,19 +426,15 @@ class ICLRun(Runner):
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"model": self.model.state_dict(), "trainer": self.trainer.state_dict(), "history": self.history},
-            path / "state.pt",
-        )
-        (path / "trial_config.json").write_text(json.dumps(self.cfg.model_dump(), indent=1))
+        save_state(path, self.model.state_dict(), self.trainer.state_dict(), self.history)
+        (path / CONFIG).write_text(json.dumps(self.cfg.model_dump(), indent=1))
         if self.curves:
             (path / "icl_curves.json").write_text(json.dumps(self.curves))
 
     def load(self, path: str | Path) -> None:
         path = Path(path)
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        state, self.history = read_state(path, map_location="cpu")
         self.model.load_state_dict(state["model"])
         self.trainer.load_state_dict(state["trainer"])
-        self.history = list(state.get("history", []))
         if (path / "icl_curves.json").exists():
             self.curves = json.loads((path / "icl_curves.json").read_text())

@@ -21,7 +21,16 @@ from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
 from stabray.tasks import get_task
 from stabray.train.loop import Trainer, pick_device
-from stabray.train.runner import RUNNERS, Runner, StabilityOptions, StabilityTable
+from stabray.train.runner import (
+    CONFIG,
+    RUNNERS,
+    Runner,
+    StabilityOptions,
+    StabilityTable,
+    one_line,
+    read_state,
+    save_state,
+)
 
 
 def model_spec(cfg: TrialConfig) -> ModelSpec:
@@ -71,7 +80,10 @@ class TrialRun(Runner):
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions; any failure = unusable files
+                raise UserError(f"{tokenizer_dir}: cannot load the saved tokenizer ({one_line(e)})") from None
         elif self.spec.pretrained is None:
             texts = [t for exs in self.data.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
             self.tokenizer = build_tokenizer(texts)
@@ -260,12 +272,23 @@ class TrialRun(Runner):
                 or "original" in k
                 and k.replace(".parametrizations.weight.original", ".weight") in trainable
             }
-        torch.save({"model": state, "trainer": self.trainer.state_dict(), "history": self.history}, path / "state.pt")
+        save_state(path, state, self.trainer.state_dict(), self.history)
         self.tokenizer.save_pretrained(str(path / "tokenizer"))
-        (path / "trial_config.json").write_text(json.dumps(self.cfg.model_dump(), indent=1))
+        (path / CONFIG).write_text(json.dumps(self.cfg.model_dump(), indent=1))
 
     def load(self, path: str | Path) -> None:
-        state = torch.load(Path(path) / "state.pt", map_location=self.device, weights_only=False)
-        self.model.load_state_dict(state["model"], strict=self.spec.pretrained is None)
+        state, self.history = read_state(path, map_location=self.device)
+        if self.spec.pretrained is None:
+            self.model.load_state_dict(state["model"])
+        else:  # the checkpoint holds what trains (see save); the base weights come from `pretrained`
+            res = self.model.load_state_dict(state["model"], strict=False)
+            saved = set(state["model"])
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            lost = sorted(trainable - saved)  # parameter names are their state-dict keys
+            if res.unexpected_keys or lost:
+                raise UserError(
+                    f"{path}: the saved weights do not fit {self.spec.pretrained}"
+                    + (f"; unexpected: {res.unexpected_keys[:3]}" if res.unexpected_keys else "")
+                    + (f"; missing trained weights: {lost[:3]}" if lost else "")
+                )
         self.trainer.load_state_dict(state["trainer"])
-        self.history = list(state.get("history", []))

@@ -120,13 +120,86 @@ def make_run(config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | N
     return RUNNERS.get(TASKS.get(cfg.task.name).runner)(cfg, tokenizer_dir=tokenizer_dir)
 
 
+# A checkpoint directory: the tensors (model, optimizer, scheduler, RNG state) in STATE, loaded with
+# torch.load(weights_only=True), which refuses anything but tensors and plain containers, so a
+# crafted file cannot run code; everything else is JSON.
+STATE, HISTORY, CONFIG = "state.pt", "history.json", "trial_config.json"
+
+
+def save_state(path: Path, model: dict, trainer: dict, history: list[dict[str, float]]) -> None:
+    """Write a checkpoint's tensors (STATE) and its per-epoch history (HISTORY, JSON)."""
+    import torch
+
+    torch.save({"model": model, "trainer": trainer}, path / STATE)
+    (path / HISTORY).write_text(json.dumps(history))
+
+
+def read_state(path: str | Path, map_location: Any = "cpu") -> tuple[dict, list[dict[str, float]]]:
+    """(tensors, history) of a checkpoint directory; a UserError naming the file when it is missing,
+    damaged, or holds objects other than tensors and plain containers (never unpickled)."""
+    import pickle
+
+    import torch
+
+    f = Path(path) / STATE
+    try:
+        state = torch.load(f, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{Path(path)}: not a stabray checkpoint (no {STATE})") from None
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise UserError(
+                f"{f}: refused: it holds Python objects other than tensors and plain containers, and "
+                "unpickling them could run code (a stabray checkpoint never does)"
+            ) from None
+        raise UserError(f"{f}: damaged ({one_line(e)})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:  # torch's reader: truncated or not a checkpoint
+        detail = one_line(e)
+        raise UserError(f"{f}: damaged or not a torch checkpoint" + (f" ({detail})" if detail else "")) from None
+    if not isinstance(state, dict) or not {"model", "trainer"} <= set(state):
+        raise UserError(f"{f}: not a stabray checkpoint (expected the keys model and trainer)")
+    history = state.pop("history", None)  # checkpoints written before HISTORY kept it here
+    if history is None:
+        h = Path(path) / HISTORY
+        history = _read_json(h) if h.exists() else []
+    if not isinstance(history, list):
+        raise UserError(f"{Path(path) / HISTORY}: expected a list of per-epoch metrics")
+    return state, history
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def _read_json(f: Path) -> Any:
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UserError(f"{f}: not valid JSON ({one_line(e)})") from None
+
+
 def load_run(path: str | Path) -> Runner:
     """A runner rebuilt from a checkpoint directory written by its `save`."""
     path = Path(path)
-    if not (path / "state.pt").exists():
-        raise UserError(f"{path}: not a stabray checkpoint (no state.pt)")
-    cfg = json.loads((path / "trial_config.json").read_text())
+    if not path.is_dir():
+        raise UserError(f"{path}: not a checkpoint directory")
+    for name in (STATE, CONFIG):
+        if not (path / name).is_file():
+            raise UserError(f"{path}: not a stabray checkpoint (no {name})")
+    read_state(path)  # refuse a damaged or crafted state before building anything (it is read again below)
+    cfg = _read_json(path / CONFIG)
+    if not isinstance(cfg, dict):
+        raise UserError(f"{path / CONFIG}: expected a trial config (a JSON object)")
+    try:
+        cfg = parse_trial_config(cfg)
+    except UserError as e:
+        raise UserError(f"{path / CONFIG}: {e}") from None
     tok = path / "tokenizer"
     run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None)
-    run.load(path)
+    try:
+        run.load(path)
+    except UserError:
+        raise
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:  # load_state_dict: keys or shapes differ
+        raise UserError(f"{path}: the saved state does not fit the model of its {CONFIG} ({one_line(e)})") from None
     return run
