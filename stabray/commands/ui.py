@@ -5,6 +5,7 @@ dashboard on a sweep's study instead (`<run dir>/optuna.db`, beside the Ray resu
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -69,6 +70,7 @@ def run_optuna(args) -> int:
 
     db = optuna_study(args.optuna, args.storage)
     port = args.port if args.port != 5000 else 8080
+    check_port(args.host, port)
     launch = "import sys; from optuna_dashboard._cli import main; sys.exit(main())"
     cmd = [sys.executable, "-c", launch, f"sqlite:///{db.absolute()}", "--host", args.host, "--port", str(port)]
     proc = subprocess.Popen(cmd + ["--quiet"], start_new_session=args.no_wait, stdout=sys.stderr)
@@ -91,13 +93,34 @@ def run_optuna(args) -> int:
         return 0
 
 
+def check_port(host: str, port: int) -> None:
+    """The UI's port must be free: a server already there (another UI, on another store) would
+    answer our health check, and we would print its URL as ours."""
+    from stabray.errors import UserError
+
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port}: a TCP port is 1-65535")
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: only a listener blocks us
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UserError(
+                f"cannot serve on {host}:{port} ({e.strerror or e}): another program (another MLflow UI?) "
+                "uses it; pass --port with a free port"
+            ) from None
+
+
 def run(args) -> int:
     from stabray.errors import UserError
     from stabray.tracking import resolve_tracking_uri
+    from stabray.tracking.store import check_store
 
     if args.optuna is not None:
         return run_optuna(args)
     uri = resolve_tracking_uri(args.tracking_uri)
+    check_store(uri, create=True)
+    check_port(args.host, args.port)
     if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///") :]):
         print(
             f"note: no MLflow database at {uri[len('sqlite:///') :]} yet; the server creates an empty one",
@@ -121,12 +144,15 @@ def run(args) -> int:
     url = f"http://{args.host}:{args.port}"
     for _ in range(120):
         if proc.poll() is not None:
-            raise UserError(f"the MLflow UI exited with code {proc.returncode} (is port {args.port} in use?)")
+            raise UserError(f"the MLflow UI on {uri} exited with code {proc.returncode} (its output is above)")
         try:
             urllib.request.urlopen(url + "/health", timeout=1)
             break
         except OSError:
             time.sleep(0.5)
+    else:
+        proc.terminate()
+        raise UserError(f"the MLflow UI on {uri} did not answer at {url} within 60 s")
     print(f"MLflow UI for {uri}: {url}", flush=True)
     print_links(uri, url)
     if args.no_wait:

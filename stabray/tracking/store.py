@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,20 +53,59 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+REACH_TIMEOUT_S = 5.0  # how long a tracking server may take to answer before we call it unreachable
+
+
+def check_store(uri: str, *, create: bool) -> None:
+    """Fail fast, creating nothing, when a tracking store cannot be used: a sqlite path that is a
+    folder, not a database, or (`create=False`) missing, or in a folder that does not exist; an
+    HTTP(S) server that does not answer within REACH_TIMEOUT_S (MLflow itself retries for minutes)."""
+    db = sqlite_path(uri)
+    if db is not None:
+        if db.is_dir():
+            raise UserError(f"tracking store {uri}: {db} is a directory, not an MLflow database file")
+        if db.exists():
+            with open(db, "rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+            if head and head != SQLITE_HEADER:  # an empty file is an empty database
+                raise UserError(f"tracking store {uri}: {db} is not an SQLite database (damaged, or another file)")
+        elif not create:
+            raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
+        elif not db.parent.is_dir():
+            raise UserError(f"tracking store {uri}: the directory {db.parent} does not exist")
+        return
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).close()
+        except urllib.error.HTTPError:
+            return  # it answered (a server without /health, or one that wants a login): reachable
+        except (OSError, ValueError) as e:  # URLError, refused, timed out, a malformed URL
+            reason = getattr(e, "reason", e)
+            raise UserError(
+                f"cannot reach the MLflow tracking server at {uri} ({reason}); start it (python -m stabray ui "
+                "--port PORT) or pass another --tracking-uri (default: sqlite ./mlflow.db)"
+            ) from None
+
+
 def _client(uri: str):
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
 
 
-def _finite(metrics: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for k, v in metrics.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        if math.isfinite(float(v)):
-            out[k] = float(v)
-    return out
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric values, NaN and infinities included: a metric that became NaN is a result (the
+    estimator or the training diverged), and dropping it would read as "not measured". MLflow keeps
+    NaN and stores +-inf as +-1.8e308, which `trial_records` reads back as +-inf."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _inf(v: float) -> float:
+    return math.copysign(math.inf, v) if abs(v) >= sys.float_info.max else v
 
 
 class Store:
@@ -73,9 +113,17 @@ class Store:
     when missing (a sweep); `Store.existing(uri, name)` only reads one that is there."""
 
     def __init__(self, tracking_uri: str, experiment: str, *, create: bool = True):
+        from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
+
         self.uri, self.experiment = tracking_uri, experiment
-        self.client = _client(tracking_uri)
-        exp = self.client.get_experiment_by_name(experiment)
+        check_store(tracking_uri, create=create)
+        try:
+            self.client = _client(tracking_uri)
+            exp = self.client.get_experiment_by_name(experiment)
+        except (MlflowException, SQLAlchemyError) as e:  # a damaged database, a server that refuses us
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot open the MLflow store {tracking_uri}: {first}") from None
         if exp is None and not create:
             names = [e.name for e in self.client.search_experiments()]
             raise UserError(f"no MLflow experiment {experiment!r} at {tracking_uri}; available: {names}")
@@ -89,11 +137,7 @@ class Store:
     @classmethod
     def existing(cls, tracking_uri: str | None, experiment: str) -> Store:
         """An experiment to read (analysis, report): never creates a store or an experiment."""
-        uri = resolve_tracking_uri(tracking_uri)
-        db = sqlite_path(uri)
-        if db is not None and not db.exists():
-            raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
-        return cls(uri, experiment, create=False)
+        return cls(resolve_tracking_uri(tracking_uri), experiment, create=False)
 
     # -- writing ----------------------------------------------------------------------------
     def start_parent(
@@ -168,7 +212,7 @@ class Store:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        ms = [Metric(logged_name(k), v, now, int(step)) for k, v in _finite(metrics).items()]
+        ms = [Metric(logged_name(k), v, now, int(step)) for k, v in _numbers(metrics).items()]
         if ms:
             self.client.log_batch(run_id, metrics=ms)
         return len(ms)
@@ -191,6 +235,24 @@ class Store:
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
+
+    def status(self, run_id: str) -> str:
+        return self.client.get_run(run_id).info.status
+
+    def reopen(self, run_id: str) -> None:
+        """A run ended KILLED (an interrupted sweep) that `--resume` continues: RUNNING again."""
+        if self.status(run_id) == "KILLED":
+            self.client.update_run(run_id, status="RUNNING")
+
+    def kill_running(self, run_ids: set[str]) -> list[str]:
+        """End as KILLED the given runs (a sweep's parent and method groups) and every still-RUNNING
+        run under them (its trials): the status of an interrupted sweep. Returns the runs killed."""
+        killed = []
+        for run in self.all_runs():
+            if run.info.status == "RUNNING" and (run.info.run_id in run_ids or run.data.tags.get(PARENT) in run_ids):
+                self.end(run.info.run_id, "KILLED")
+                killed.append(run.info.run_id)
+        return killed
 
     # -- reading ----------------------------------------------------------------------------
     def find_child(self, parent_id: str, trial_id: str) -> str | None:
@@ -262,7 +324,7 @@ class Store:
                 for key in ("task", "method"):  # the tags name them too, should a param be missing
                     if key not in params and tags.get(f"stabray.{key}"):
                         params[key] = tags[f"stabray.{key}"]
-                metrics = {record_name(k): v for k, v in run.data.metrics.items()}
+                metrics = {record_name(k): _inf(v) for k, v in run.data.metrics.items()}
                 history = [(m.step, m.value) for m in self.client.get_metric_history(rid, "val_acc")]
                 status = tags.get(STATUS) or run.info.status  # MLflow's, unless the tag says STOPPED
                 records.append(
@@ -309,6 +371,7 @@ def _get_run(run_id: str, tracking_uri: str | None):
     db = sqlite_path(uri)
     if db is not None and not db.exists():
         raise UserError(f"{run_id!r} is not a directory, and there is no MLflow store at {db} to look it up in")
+    check_store(uri, create=False)
     client = _client(uri)
     try:
         return client.get_run(run_id)
