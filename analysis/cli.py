@@ -19,7 +19,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _report(args) -> int:
     from analysis.report import build_report
 
-    build_report(args.experiment, args.tracking_uri, args.ray_dir, args.out, log_to_mlflow=not args.no_log)
+    build_report(
+        args.experiment, args.tracking_uri, args.ray_dir, args.out, log_to_mlflow=not args.no_log, force=args.force
+    )
     return 0
 
 
@@ -36,6 +38,7 @@ def register(subparsers) -> None:
     _common(p)
     p.add_argument("--ray-dir", default=None, help="read a Ray Tune experiment dir instead of MLflow")
     p.add_argument("--out", default=None, help="output folder (default ./reports/<experiment>)")
+    p.add_argument("--force", action="store_true", help="overwrite the files of an existing --out folder")
     p.add_argument("--no-log", action="store_true", help="do not log the folder to the sweep's parent run")
     p.set_defaults(func=_report)
 
@@ -82,15 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from stabray.cli import one_line
+    from stabray.errors import UserError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except Exception as e:
-        from stabray.errors import UserError
-
-        if isinstance(e, UserError):
-            import sys
-
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except UserError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2

@@ -40,9 +40,15 @@ def load_trial_config(run_id: str, experiment: str, tracking_uri: str | None = N
 
 def load_ray(path: str | Path, experiment: str | None = None) -> Loaded:
     """Read `<path>/<trial dir>/{params.json,result.json}`; `path` may also be the storage root."""
+    from stabray.errors import UserError
+
     root = Path(path)
+    if not root.is_dir():
+        raise UserError(f"--ray-dir {path}: " + ("a file, not a directory" if root.exists() else "no such directory"))
     if not any(root.glob("*/params.json")) and experiment and (root / experiment).is_dir():
         root = root / experiment
+    if not any(root.glob("*/params.json")):
+        raise UserError(f"--ray-dir {path}: no Ray Tune trials in it (no <trial>/params.json)")
     records = records_from_ray_dir(root)
     configs = {r.trial_id: r.config for r in records}
     return Loaded(trials_frame(records), decomposition_frame(records), None, configs)

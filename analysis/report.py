@@ -15,14 +15,22 @@ def build_report(
     ray_dir: str | Path | None = None,
     out: str | Path | None = None,
     log_to_mlflow: bool = True,
+    force: bool = False,
 ) -> Path:
     """Write tables (md, tex, csv), figures (png) and an index README.md into `out`
-    (default ./reports/<experiment>); from MLflow, also log the folder to the parent run."""
+    (default ./reports/<experiment>); from MLflow, also log the folder to the parent run. A folder
+    that already holds files is replaced only with `force`; nothing is created when loading fails."""
+    from stabray.errors import UserError
+
     out = Path(out or Path("reports") / experiment)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"--out {out}: the folder holds files already; pass --force to overwrite them")
     from stabray.progress import stage
 
     loaded = load(experiment, tracking_uri, ray_dir)  # reading MLflow reports its own progress
+    out.mkdir(parents=True, exist_ok=True)
     trials, decomp = loaded.trials, loaded.decomposition
     with stage(f"tables and figures of {trials.height} trials into {out}"):
         tables = all_tables(trials, decomp)
