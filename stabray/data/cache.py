@@ -2,12 +2,18 @@
 the task name, its format version, its generator parameters, the split sizes, the seed and
 `FORMAT_VERSION` (the layout of the stored records). A changed key is a new directory; nothing is
 overwritten in place, so a cached dataset is never half-written (we write to a temporary directory
-and rename it)."""
+and rename it).
+
+Each cached dataset holds FINGERPRINT: the sha256 of every split's records. Loading recomputes it
+from the records read back; a mismatch (an edited byte), an unreadable file or a missing one is
+reported with a one-line warning naming the path, and the splits are generated again and the
+cache replaced: a damaged cache is never used."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -16,7 +22,9 @@ from pathlib import Path
 from stabray.data.splits import EVAL_SPLITS, make_splits
 from stabray.tasks.base import Example, Task
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: FINGERPRINT beside the splits
+FINGERPRINT = "stabray_fingerprint.json"
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -49,6 +57,37 @@ def _from_dataset(ds) -> list[Example]:
     ]
 
 
+def fingerprint(examples: list[Example]) -> str:
+    """sha256 of a split's records, exactly as stored (canonical JSON of the columns)."""
+    blob = json.dumps(_to_columns(examples), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class DamagedCache(Exception):
+    """A cached dataset that must not be used; the message says why."""
+
+
+def read_cached(path: Path, splits: tuple[str, ...]) -> dict[str, list[Example]]:
+    """The splits of a cached dataset, verified against its fingerprint; DamagedCache otherwise."""
+    import datasets
+    import pyarrow
+
+    fp_file = path / FINGERPRINT
+    if not fp_file.is_file():
+        raise DamagedCache(f"no {FINGERPRINT} (the fingerprint every cached dataset holds)")
+    try:
+        expected = json.loads(fp_file.read_text())["splits"]
+        dd = datasets.load_from_disk(str(path))
+        data = {s: _from_dataset(dd[s]) for s in splits}
+    # what datasets / pyarrow / json raise for a truncated, missing or garbled file
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, pyarrow.ArrowException) as e:
+        raise DamagedCache(f"unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    for s in splits:
+        if expected.get(s) != fingerprint(data[s]):
+            raise DamagedCache(f"split {s!r} does not match its fingerprint in {FINGERPRINT} (edited or damaged)")
+    return data
+
+
 def load_splits(
     task: Task,
     sizes: dict[str, int] | None = None,
@@ -56,29 +95,52 @@ def load_splits(
     splits: tuple[str, ...] = ("train", *EVAL_SPLITS),
     cache_dir: str | Path | None = None,
 ) -> dict[str, list[Example]]:
-    """The task's splits, from the cache when present, else generated and cached."""
-    import datasets
-
+    """The task's splits, from the cache when present and intact, else generated and cached."""
     sizes = dict(sizes or {})
     root = Path(cache_dir).absolute() if cache_dir else default_cache_dir()
     path = root / cache_key(task, sizes, seed, splits)
+    damaged = False
     if path.exists():
-        dd = datasets.load_from_disk(str(path))
-        return {s: _from_dataset(dd[s]) for s in splits}
+        try:
+            return read_cached(path, splits)
+        except DamagedCache as e:
+            log.warning("dataset cache %s: %s; generating the splits again", path, e)
+            damaged = True
     data = make_splits(task, sizes, seed, splits)
+    try:
+        _write(root, path, data, replace=damaged)
+    except OSError as e:  # the splits are in memory: the run goes on, only the next one generates again
+        log.warning("dataset cache %s: could not be written (%s); continuing without it", path, e.strerror or e)
+    return data
+
+
+def _write(root: Path, path: Path, data: dict[str, list[Example]], replace: bool) -> None:
+    """Save to a temporary folder, then rename it into place (a damaged copy is moved aside first)."""
+    import datasets
+
     dd = datasets.DatasetDict({s: datasets.Dataset.from_dict(_to_columns(exs)) for s, exs in data.items()})
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     bars = not datasets.are_progress_bars_disabled()
+    old = None
     try:
         datasets.disable_progress_bars()  # a tqdm bar per split ("Saving the dataset"): noise in every log
         dd.save_to_disk(str(tmp))
+        (tmp / FINGERPRINT).write_text(json.dumps({"splits": {s: fingerprint(exs) for s, exs in data.items()}}))
+        if replace:
+            old = Path(tempfile.mkdtemp(dir=root, prefix=".damaged-"))
+            try:
+                os.rename(path, old / "data")
+            except FileNotFoundError:  # another process moved it aside first
+                pass
         try:
             os.rename(tmp, path)
-        except OSError:  # another process cached the same key first: theirs is identical
-            pass
+        except OSError:
+            if not (path / FINGERPRINT).exists():  # not another process's identical copy: a real failure
+                raise
     finally:
         if bars:
             datasets.enable_progress_bars()
         shutil.rmtree(tmp, ignore_errors=True)
-    return data
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
