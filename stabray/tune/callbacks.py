@@ -86,9 +86,9 @@ class MLflowTuneCallback(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         cfg = unwrap(trial.config)
-        self.store.set_description(
-            self._run_id(trial), f"{self._about(cfg)}, up to {get_path(cfg, 'train.epochs')} epochs."
-        )
+        rid = self._run_id(trial)
+        self.store.reopen(rid)  # KILLED when an interrupted sweep is resumed: RUNNING again
+        self.store.set_description(rid, f"{self._about(cfg)}, up to {get_path(cfg, 'train.epochs')} epochs.")
 
     def _about(self, cfg: dict[str, Any]) -> str:
         values = ", ".join(f"{p.rsplit('.', 1)[-1]} = {get_path(cfg, p)}" for p in self.searched)

@@ -30,22 +30,29 @@ def report(metrics: dict[str, Any], save: Callable[[str], None] | None = None) -
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
 
 
-def assigned_cpus(default: int = 1) -> int:
-    try:
-        import ray
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a trial). Asked without `ray.get_runtime_context()`,
+    which would start a Ray instance in a plain Python process."""
+    import ray
 
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", default)
-        return max(1, int(round(cpus)))
-    except Exception:  # outside Ray
+    return ray.is_initialized() and ray._private.worker.global_worker.mode == ray.WORKER_MODE
+
+
+def assigned_cpus(default: int = 1) -> int:
+    """The CPUs Ray assigned to this trial (`default` outside a Ray worker)."""
+    if not in_ray_worker():
         return default
+    import ray
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", default)
+    return max(1, int(round(cpus)))
 
 
 def placement() -> dict[str, Any]:
-    """Where the trial runs: Ray node id and the number of GPUs Ray assigned (reported per epoch)."""
-    try:
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "gpus_assigned": float(len(ray.get_gpu_ids()))}
-    except Exception:
+    """Where the trial runs: Ray node id and the number of GPUs Ray assigned (reported per epoch);
+    nothing outside a Ray worker."""
+    if not in_ray_worker():
         return {}
+    import ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "gpus_assigned": float(len(ray.get_gpu_ids()))}

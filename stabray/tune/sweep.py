@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from stabray.errors import UserError
 from stabray.record import BUNDLE
 from stabray.spec import space_path
 from stabray.tracking import Store, resolve_tracking_uri
+from stabray.tracking.store import check_store
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
+from stabray.tune.interrupt import GracefulStop
 from stabray.tune.trainable import trainable
 
 
@@ -84,10 +87,40 @@ def ray_loggers() -> list:
     return [JsonLoggerCallback(), CSVLoggerCallback()]
 
 
+def unreachable(address: str, timeout_s: float = 3.0) -> str | None:
+    """Why nothing accepts a connection at a Ray address (host:port or ray://host:port), or None
+    when something does (or the address is not host:port, which Ray itself then judges)."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+
+
+def running_ray() -> tuple[str | None, str]:
+    """(the address `ray.init(address="auto")` would join, where it was found), (None, "") when no
+    Ray runs here. Ray reads the address of the last `ray start` from `ray_current_cluster` in its
+    temp dir ($RAY_TMPDIR/ray, else /tmp/ray) and looks for running GCS processes."""
+    from ray._common.utils import get_ray_address_file
+    from ray._private import services
+
+    try:
+        found = services.get_ray_address_from_environment("auto", None)
+    except ConnectionError:  # nothing recorded, nothing running
+        return None, ""
+    if services.find_bootstrap_address(None) == found:
+        return found, get_ray_address_file(None)
+    return found, "a running Ray process"
+
+
 def init_ray(address: str | None = None, verbose: bool = False) -> str:
     """Join a running cluster (RAY_ADDRESS, or one started with `ray start` / `ray up`) or start a
     local one. Returns a short description. Unless verbose, the trials' own output (Ray's checkpoint
-    lines, warnings) is not forwarded to this console: it stays in each trial's directory."""
+    lines, warnings) is not forwarded to this console: it stays in each trial's directory. An address
+    nothing answers at is a UserError within seconds (Ray itself retries a dead address for minutes)."""
     if ray.is_initialized():
         return "already initialised"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -98,15 +131,29 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
         os.environ.pop("RAY_ADDRESS", None)
         ray.init(address="local", **kwargs)
         return "started a local Ray instance"
-    if addr:
+    if addr and addr != "auto":
+        why = unreachable(addr)
+        if why:
+            given = "--address" if address else "RAY_ADDRESS"
+            raise UserError(
+                f"no Ray cluster answers at {addr} ({given}; {why}); start it, or run on a fresh local "
+                "instance with --address local"
+            )
         ray.init(address=addr, **kwargs)
         return f"joined Ray cluster at {addr}"
-    try:
-        ray.init(address="auto", **kwargs)
-        return "joined the running Ray cluster"
-    except (ConnectionError, RuntimeError, ValueError):
+    found, source = running_ray()
+    if found is None:
         ray.init(**kwargs)
         return "started a local Ray instance"
+    why = unreachable(found)
+    if why:
+        remove = f", or delete {source}" if os.path.isabs(source) else ""
+        raise UserError(
+            f"{source} names the Ray cluster {found}, but nothing answers there ({why}): a Ray instance that "
+            f"stopped left it behind; start a fresh local instance with --address local{remove}"
+        )
+    ray.init(address=found, **kwargs)
+    return f"joined the running Ray cluster at {found}"
 
 
 def check_resources(spec: SweepSpec) -> None:
@@ -239,27 +286,42 @@ def run_sweep(
     """Run (or resume) a sweep. `verbose`: Ray's own status output instead of stabray's console view.
     Returns (results, info): results is a ResultGrid (a CombinedGrid for
     a multi-method sweep, one Optuna study and one MLflow group run per method, run one after the
-    other), info holds the tracking URI, experiment, parent run id, results directory, completeness."""
-    from stabray.spec import method_specs
-
+    other), info holds the tracking URI, experiment, parent run id, results directory, completeness
+    and, after SIGINT / SIGTERM, `interrupted` (the signal's name)."""
     uri = resolve_tracking_uri(tracking_uri, spec.mlflow.tracking_uri)
     experiment = spec.mlflow.experiment or spec.name
     root = storage_root(spec, storage)
+    if root.exists() and not root.is_dir():
+        raise UserError(f"--storage {root}: a file, not a directory")
     if resume:
         run_dir = latest_run_dir(root, spec.name)
         if run_dir is None or not (run_dir / "stabray_sweep.json").exists():
             raise UserError(f"--resume: no earlier sweep {spec.name!r} under {root}")
+        saved = json.loads((run_dir / "stabray_sweep.json").read_text())
+        uri, experiment = saved["tracking_uri"], saved["experiment"]
     else:
         run_dir = root / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     quiet_logs(verbose)
-    store = Store(uri, experiment)  # fails fast on a bad tracking URI, before Ray starts
+    # Everything that can fail does so before anything is created: no store, no results folder.
+    check_store(uri, create=True)  # a server that does not answer, a damaged database: before Ray starts
+    with GracefulStop() as stop:
+        try:
+            return _run(spec, spec_path, run_dir, uri, experiment, saved if resume else None, address, verbose, stop)
+        except KeyboardInterrupt:  # a second signal, or one before Ray Tune ran
+            ray.shutdown()
+            raise
+
+
+def _run(spec, spec_path, run_dir, uri, experiment, saved, address, verbose, stop):
+    resume = saved is not None
     how = init_ray(address, verbose)
+    stop.install()
     check_resources(spec)
+    store = Store(uri, experiment)
     info_file = run_dir / "stabray_sweep.json"
     if resume:
-        saved = json.loads(info_file.read_text())
-        uri, experiment = saved["tracking_uri"], saved["experiment"]
-        store = Store(uri, experiment)
+        for run_id in (saved["parent_run_id"], *saved["groups"].values()):
+            store.reopen(run_id)  # KILLED by the interrupt that --resume now continues
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         from stabray.tune.summary import sweep_description, sweep_params, view_columns
@@ -286,6 +348,26 @@ def run_sweep(
         "groups": saved["groups"],  # method -> MLflow group run (multi-method sweeps)
     }
     print(f"stabray: {how}\n  results:  {run_dir}\n  MLflow:   {uri} (experiment {experiment!r})", flush=True)
+    try:
+        grids = _fit_all(spec, run_dir, uri, experiment, saved, info_file, store, resume, verbose, stop, info)
+    except KeyboardInterrupt:  # a second signal: Ray Tune may not have saved its state
+        store.kill_running({parent, *saved["groups"].values()})
+        raise
+    if stop.signal is not None:
+        # The parent, its method groups and the trials that were running: KILLED, which --resume continues.
+        store.kill_running({parent, *saved["groups"].values()})
+        info["interrupted"] = stop.name
+        ray.shutdown()
+    elif info["complete"]:
+        store.end(parent, "FINISHED")
+    return (CombinedGrid(grids) if spec.methods else grids[0] if grids else None), info
+
+
+def _fit_all(spec, run_dir, uri, experiment, saved, info_file, store, resume, verbose, stop, info) -> list:
+    """Tuner.fit() per method (one for a one-method sweep) until all ran or a signal came."""
+    from stabray.spec import method_specs
+
+    parent = saved["parent_run_id"]
     grids = []
     for label, sub in method_specs(spec):
         sub_dir = run_dir if label is None else run_dir / label
@@ -307,17 +389,16 @@ def run_sweep(
                 None if verbose else SweepConsole(title, sub.search.num_samples, sub.train.epochs, searched, cb.name_of)
             )
             tuner = make_tuner(sub, sub_dir, cb, resume=False, console=console, verbose=verbose)
-        grid = tuner.fit()
+        with stop.in_fit():
+            grid = tuner.fit()
         grids.append(grid)
         done = grid.num_terminated + grid.num_errors >= sub.search.num_samples
-        if not done:
+        if stop.signal is not None or not done:
             info["complete"] = False
             break  # interrupted: stop here, --resume continues
         if label is not None:
             store.end(group, "FINISHED")
-    if info["complete"]:
-        store.end(parent, "FINISHED")
-    return (grids[0] if not spec.methods else CombinedGrid(grids)), info
+    return grids
 
 
 def run_configs(
