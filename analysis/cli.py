@@ -63,15 +63,25 @@ def _icl_figures(args) -> int:
 
 def register_icl_figures(subparsers) -> None:
     """Add the `icl-figures` subcommand: Figures 3 and 6 (PNG) of an in-context GD trial."""
-    from analysis.icl_figures import add_arguments
-
     p = subparsers.add_parser(
         "icl-figures",
         help="Figures 3 and 6 (losses, Jacobians, EAF vs T) of an icl_linear / icl_quadratic trial",
         description="Figures 3 and 6 of the paper as PNG, from a checkpoint dir, a Ray trial dir, an MLflow "
         "run id, or a sweep's best ICL trial (--experiment)",
     )
-    add_arguments(p)
+    p.add_argument(
+        "source",
+        nargs="?",
+        default=None,
+        help="checkpoint dir, Ray trial dir or MLflow run id (omit with --experiment)",
+    )
+    p.add_argument("--experiment", default=None, help="sweep name: plot its best ICL trial")
+    p.add_argument("--task", default=None, help="with --experiment: which ICL task, when the sweep has several")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (sqlite:////abs/mlflow.db)")
+    p.add_argument(
+        "--ray-dir", default=None, help="with --experiment: a sweep's Ray Tune results dir instead of MLflow"
+    )
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: ./reports/<task>)")
     p.set_defaults(func=_icl_figures)
 
 

@@ -278,22 +278,6 @@ def run(
     return paths
 
 
-def add_arguments(ap) -> None:
-    ap.add_argument(
-        "source",
-        nargs="?",
-        default=None,
-        help="checkpoint dir, Ray trial dir or MLflow run id (omit with --experiment)",
-    )
-    ap.add_argument("--experiment", default=None, help="sweep name: plot its best ICL trial")
-    ap.add_argument("--task", default=None, help="with --experiment: which ICL task, when the sweep has several")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (sqlite:////abs/mlflow.db)")
-    ap.add_argument(
-        "--ray-dir", default=None, help="with --experiment: a sweep's Ray Tune results dir instead of MLflow"
-    )
-    ap.add_argument("--out", default=None, help="folder for the PNGs (default: ./reports/<task>)")
-
-
 def main(argv: list[str] | None = None) -> int:
     from analysis.cli import main as cli_main
 
