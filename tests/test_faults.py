@@ -75,8 +75,15 @@ def env(tmp_path):
     return e
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGINT, signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+    ids=["SIGINT", "SIGKILL", "SIGTERM"],
+)
 def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
+    """SIGINT goes to the whole process group, as Ctrl-C does; SIGTERM to the driver alone, as
+    `kill` does. Both end the sweep gracefully: exit 130, the exact --resume command printed, the
+    parent and the running trials KILLED in MLflow (none left RUNNING, none FINISHED early)."""
     spec = spec_file(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [
@@ -102,12 +109,22 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
     else:
         proc.kill()
         pytest.fail(f"no checkpoint appeared; sweep output:\n{(tmp_path / 'sweep.log').read_text()[-3000:]}")
-    os.killpg(proc.pid, sig)
-    proc.wait(timeout=120)
+    if sig == signal.SIGTERM:
+        os.kill(proc.pid, sig)
+    else:
+        os.killpg(proc.pid, sig)
+    rc = proc.wait(timeout=120)
     if sig == signal.SIGKILL:  # the local Ray processes of the dead driver
         subprocess.run(["pkill", "-9", "-f", f"{tmp_path}"], check=False)
-    _, before = children(uri, "ft")
+    parents, before = children(uri, "ft")
     assert 1 <= len(before) < 3 or any(r.info.status != "FINISHED" for r in before)
+    if sig != signal.SIGKILL:
+        out = (tmp_path / "sweep.log").read_text()
+        assert rc == 130, out[-3000:]
+        assert f"stopped by {sig.name}" in out
+        assert "  python " + " ".join([*cmd[1:], "--resume"]) in out.splitlines()  # the exact command
+        assert [p.info.status for p in parents] == ["KILLED"]
+        assert {r.info.status for r in before} <= {"KILLED", "FINISHED"}  # none left RUNNING
     res = subprocess.run(
         [*cmd, "--resume"], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=600
     )

@@ -120,3 +120,78 @@ def test_cached_splits_round_trip(tmp_path):
     first = load_splits(task, sizes, seed=2, cache_dir=tmp_path)
     again = load_splits(task, sizes, seed=2, cache_dir=tmp_path)
     assert first == again and len(list(tmp_path.iterdir())) == 1
+
+
+CACHE_SIZES = {"train": 12, "val": 4, "test": 4}
+
+
+def _cached(tmp_path):
+    """A dijkstra dataset cached under tmp_path, its folder, and the same splits generated afresh."""
+    from stabray.data.cache import load_splits
+
+    task = get_task("dijkstra", n_nodes=4, decimals=1)
+    splits = ("train", "val", "test")
+    load_splits(task, CACHE_SIZES, seed=0, splits=splits, cache_dir=tmp_path)
+    (key,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    fresh = make_splits(task, CACHE_SIZES, 0, splits)
+    return (lambda: load_splits(task, CACHE_SIZES, seed=0, splits=splits, cache_dir=tmp_path)), key, fresh
+
+
+def test_edited_byte_in_a_cached_split_is_caught_and_regenerated(tmp_path, caplog):
+    import datasets
+
+    load, key, fresh = _cached(tmp_path)
+    (arrow,) = (key / "test").glob("*.arrow")
+    b = bytearray(arrow.read_bytes())
+    i = b.index(b"A: [[") + 5  # the first weight of the first test graph: one digit, same length
+    b[i] = ord("7") if b[i] != ord("7") else ord("8")
+    arrow.write_bytes(bytes(b))
+    edited = datasets.load_from_disk(str(key))["test"]["question"]
+    assert edited != [e.question for e in fresh["test"]]  # the edit changed the data itself
+    with caplog.at_level("WARNING", logger="stabray.data.cache"):
+        got = load()
+    assert got == fresh  # regenerated, never the edited copy
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert str(key) in msg and "fingerprint" in msg and "\n" not in msg
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="stabray.data.cache"):
+        assert load() == fresh  # the cache was replaced by an intact copy
+    assert not caplog.records
+    assert [p.name for p in tmp_path.iterdir()] == [key.name]  # no damaged copy or temp folder left
+
+
+def _truncate_arrow(key):
+    (f,) = (key / "test").glob("*.arrow")
+    f.write_bytes(f.read_bytes()[:200])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _truncate_arrow,
+        lambda key: (key / "test" / "state.json").unlink(),
+        lambda key: (key / "dataset_dict.json").write_text("{garbage"),
+        lambda key: (key / "stabray_fingerprint.json").unlink(),
+    ],
+    ids=["truncated_arrow", "no_state_json", "garbage_dataset_dict", "no_fingerprint"],
+)
+def test_damaged_cache_is_reported_and_regenerated(tmp_path, caplog, damage):
+    load, key, fresh = _cached(tmp_path)
+    damage(key)
+    with caplog.at_level("WARNING", logger="stabray.data.cache"):
+        assert load() == fresh
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert str(key) in msg and "generating the splits again" in msg
+
+
+def test_cache_that_cannot_be_written_is_a_warning(tmp_path, caplog):
+    from stabray.data.cache import load_splits
+
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("")
+    task = get_task("dijkstra", n_nodes=4, decimals=1)
+    with caplog.at_level("WARNING", logger="stabray.data.cache"):
+        got = load_splits(task, CACHE_SIZES, seed=0, splits=("train", "val", "test"), cache_dir=not_a_folder)
+    assert got == make_splits(task, CACHE_SIZES, 0, ("train", "val", "test"))
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert str(not_a_folder) in msg and "could not be written" in msg

@@ -1,0 +1,430 @@
+"""Every bad input through the real CLI (`python -m stabray ...` in a subprocess): exit code 2, one
+line on stderr naming the problem, no traceback, and nothing created on the way (no mlflow.db, no
+empty folder, no half-written file). The cases run a few at a time; each fails before any training.
+
+Also here: a crafted checkpoint never runs its code, and a dead Ray address is reported within
+seconds (in-process: Ray reads the address file under its temp dir, which the test points at a
+temporary folder)."""
+
+# ruff: noqa: E501  (the table keeps one case per line)
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = str(ROOT / "sweeps" / "_base.yaml")
+
+
+def spec(**over) -> dict:
+    s = {
+        "include": BASE,
+        "name": "bad",
+        "task": {"name": "dijkstra", "params": {"n_nodes": 4, "decimals": 1}, "train_size": 16, "val_size": 4},
+        "model": {"preset": "tiny"},
+        "device": "cpu",
+    }
+    s.update(over)
+    return s
+
+
+def write(path: Path, content) -> None:
+    """A file in a case folder: text, bytes, a dict (YAML), or None for a folder."""
+    if content is None:
+        path.mkdir(parents=True)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, dict | list):
+        path.write_text(yaml.safe_dump(content))
+    else:
+        path.write_text(content)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # free once closed: nothing listens there
+
+
+# (id, argv, files of the case folder, or a callable(folder, fixtures), fragments of the message)
+# fmt: off
+CASES = [
+    # -- sweep: overrides
+    ("set_not_yaml", ["sweep", "dijkstra", "--set", "train.epochs=[1,"], {}, ["--set train.epochs=[1,", "not valid YAML"]),
+    ("set_through_number", ["sweep", "dijkstra", "--set", "train.lr.x=1"], {}, ["--set train.lr.x=1", "not a mapping"]),
+    ("set_without_value", ["sweep", "dijkstra", "--set", "train.epochs"], {}, ["--set", "expected KEY=VALUE"]),
+    ("set_unknown_key", ["sweep", "dijkstra", "--set", "train.epochz=3"], {}, ["--set train.epochz=3", "unknown key"]),
+    ("set_out_of_range", ["sweep", "dijkstra", "--set", "train.epochs=0"], {}, ["--set train.epochs=0", "greater"]),
+    ("num_samples_zero", ["sweep", "dijkstra", "--num-samples", "0"], {}, ["--num-samples 0", "num_samples"]),
+    ("method_unknown", ["sweep", "dijkstra", "--method", "alg2"], {}, ["--method alg2", "unknown method"]),
+    ("method_not_listed", ["sweep", "dijkstra_methods", "--method", "mtp"], {}, ["--method mtp", "not one of them"]),
+    # -- sweep: spec files
+    ("spec_name_unknown", ["sweep", "dijkstr"], {}, ["no sweep spec 'dijkstr'", "did you mean dijkstra"]),
+    ("spec_file_missing", ["sweep", "missing.yaml"], {}, ["sweep spec not found: missing.yaml"]),
+    ("spec_is_folder", ["sweep", "s.yaml"], {"s.yaml": None}, ["s.yaml", "is a directory"]),
+    ("spec_not_text", ["sweep", "s.yaml"], {"s.yaml": b"\xff\xfe\x00\x01"}, ["s.yaml", "not a text sweep spec"]),
+    ("spec_not_yaml", ["sweep", "s.yaml"], {"s.yaml": "name: x\ntask: {name: dijkstra\n"}, ["s.yaml", "not valid YAML"]),
+    ("spec_is_list", ["sweep", "s.yaml"], {"s.yaml": "- a\n- b\n"}, ["s.yaml", "a mapping of keys"]),
+    ("spec_unknown_key", ["sweep", "s.yaml"], {"s.yaml": spec(trian={"epochs": 1})}, ["s.yaml", "trian", "unknown"]),
+    ("spec_unknown_task", ["sweep", "s.yaml"], {"s.yaml": spec(task={"name": "dijkstar"})}, ["task.name", "dijkstar"]),
+    ("include_missing", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": "nope.yaml"}}, ["include", "nope.yaml"]),
+    ("include_number", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": 5}}, ["include", "a file name", "5"]),
+    ("include_mapping", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": [{"a": 1}]}}, ["include", "file name"]),
+    ("include_folder", ["sweep", "s.yaml"], {"d": None, "s.yaml": {**spec(), "include": "d"}}, ["include", "not a file"]),
+    ("include_cycle", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": "s.yaml"}}, ["include", "cycle"]),
+    # -- sweep: search spaces (every value a distribution can produce, before Ray)
+    ("randint_outside_allowed_bits", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"bits": {"randint": [1, 8]}}})}, ["search.space.bits", "randint [1, 8] can produce 5", "bits must be one of"]),
+    ("uniform_on_integer_bits", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"bits": {"uniform": [1, 4]}}})}, ["search.space.bits", "can produce 2.5"]),
+    ("loguniform_reversed", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"loguniform": [1e-3, 1e-4]}}})}, ["search.space.lr", "reversed"]),
+    ("loguniform_from_zero", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"loguniform": [0.0, 1e-3]}}})}, ["search.space.lr", "must be > 0"]),
+    ("uniform_empty", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"lam": {"uniform": [0.5, 0.5]}}})}, ["search.space.lam", "empty or reversed"]),
+    ("randint_reversed", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"bits": {"randint": [4, 2]}}})}, ["search.space.bits", "reversed"]),
+    ("choice_empty", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"lam": {"choice": []}}})}, ["search.space.lam", "empty list"]),
+    ("two_distributions", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"choice": [1e-3], "uniform": [1e-3, 2e-3]}}})}, ["search.space.lr", "exactly one of"]),
+    # -- sweep: where results go, what it joins
+    ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),
+    ("resume_nothing", ["sweep", "s.yaml", "--resume"], {"s.yaml": spec()}, ["--resume", "no earlier sweep 'bad'"]),
+    ("tracking_server_down", ["sweep", "s.yaml", "--tracking-uri", "http://127.0.0.1:1"], {"s.yaml": spec()}, ["cannot reach the MLflow tracking server at http://127.0.0.1:1"]),
+    ("tracking_db_not_sqlite", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10, "s.yaml": spec()}, ["m.db", "not an SQLite database"]),
+    ("tracking_db_is_folder", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": None, "s.yaml": spec()}, ["m.db is a directory"]),
+    ("tracking_db_folder_missing", ["sweep", "s.yaml", "--tracking-uri", "sqlite:///nowhere/m.db"], {"s.yaml": spec()}, ["nowhere", "does not exist"]),
+    ("ray_address_dead", ["sweep", "s.yaml", "--address", "127.0.0.1:{port}"], {"s.yaml": spec()}, ["no Ray cluster answers at 127.0.0.1:", "--address local"]),
+    # -- data
+    ("data_unknown_task", ["data", "dijkstar"], {}, ["unknown task 'dijkstar'", "did you mean 'dijkstra'"]),
+    ("data_out_folder_missing", ["data", "dijkstra", "--out", "nowhere/x.jsonl"], {}, ["--out", "nowhere", "does not exist"]),
+    ("data_out_is_folder", ["data", "dijkstra", "--out", "d"], {"d": None}, ["--out d", "is a directory"]),
+    ("data_out_exists", ["data", "dijkstra", "--out", "x.jsonl"], {"x.jsonl": "mine\n"}, ["x.jsonl", "--force"]),
+    ("data_bad_param", ["data", "dijkstra", "--param", "n_nodes=abc"], {}, ["n_nodes must be an integer"]),
+    ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'"]),
+    ("data_n_zero", ["data", "dijkstra", "--n", "0"], {}, ["--n must be >= 1"]),
+    ("data_n_not_int", ["data", "dijkstra", "--n", "many"], {}, ["--n", "invalid int value: 'many'"]),
+    # -- stability: checkpoints
+    ("ckpt_crafted_pickle", ["stability", "ck"], lambda d, f: crafted_checkpoint(d, f), ["state.pt", "refused", "could run code"]),
+    ("ckpt_state_truncated", ["stability", "ck"], lambda d, f: damage(d, f, "state.pt", 0.5), ["state.pt", "damaged"]),
+    ("ckpt_state_missing", ["stability", "ck"], lambda d, f: damage(d, f, "state.pt", None), ["no state.pt"]),
+    ("ckpt_tokenizer_truncated", ["stability", "ck"], lambda d, f: damage(d, f, "tokenizer/tokenizer.json", 0.3), ["tokenizer", "cannot load"]),
+    ("ckpt_config_truncated", ["stability", "ck"], lambda d, f: damage(d, f, "trial_config.json", 0.5), ["trial_config.json", "not valid JSON"]),
+    ("ckpt_config_missing", ["stability", "ck"], lambda d, f: damage(d, f, "trial_config.json", None), ["no trial_config.json"]),
+    ("ckpt_config_unknown_key", ["stability", "ck"], lambda d, f: edit_config(d, f, bogus=1), ["trial_config.json", "bogus", "unknown key"]),
+    ("ckpt_shape_mismatch", ["stability", "ck"], lambda d, f: edit_config(d, f, model={"preset": "tiny", "hidden_size": 64}), ["does not fit the model"]),
+    ("stability_run_id_unknown", ["stability", "0123456789abcdef"], {}, ["'0123456789abcdef'", "no MLflow store"]),
+    ("stability_target_is_file", ["stability", "f.txt"], {"f.txt": "x"}, ["f.txt", "a file, not a checkpoint"]),
+    ("stability_target_missing", ["stability", "runs/ck"], {}, ["runs/ck", "no such checkpoint directory"]),
+    ("stability_out_exists", ["stability", "ck", "--out", "o"], lambda d, f: with_outputs(d, f), ["stability.csv exists", "--force"]),
+    ("stability_out_is_file", ["stability", "ck", "--out", "o"], lambda d, f: with_outputs(d, f, as_file=True), ["--out o", "a file"]),
+    ("stability_n_zero", ["stability", "ck", "--n", "0"], lambda d, f: damage(d, f, None, None), ["--n", ">= 1"]),
+    # -- report, icl-figures, ui, tasks, the command itself
+    ("report_no_store", ["report", "--experiment", "dijkstra"], {}, ["no MLflow store", "mlflow.db"]),
+    ("report_unknown_experiment", ["report", "--experiment", "nosuch", "--tracking-uri", "{F}/store.db"], {}, ["no MLflow experiment 'nosuch'"]),
+    ("report_store_not_sqlite", ["report", "--experiment", "x", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10}, ["not an SQLite database"]),
+    ("report_ray_dir_missing", ["report", "--experiment", "x", "--ray-dir", "nowhere"], {}, ["--ray-dir nowhere", "no such directory"]),
+    ("report_ray_dir_empty", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None}, ["--ray-dir d", "no Ray Tune trials"]),
+    ("report_out_not_empty", ["report", "--experiment", "x", "--out", "o"], {"o": None, "o/mine.md": "x"}, ["--out o", "--force"]),
+    ("report_out_is_file", ["report", "--experiment", "x", "--out", "o"], {"o": "x"}, ["--out o", "a file"]),
+    ("icl_figures_wrong_task", ["icl-figures", "ck"], lambda d, f: damage(d, f, None, None), ["dijkstra", "icl_linear or icl_quadratic"]),
+    ("ui_port_invalid", ["ui", "--port", "70000"], {}, ["--port 70000", "1-65535"]),
+    ("ui_port_taken", ["ui", "--port", "{busy}", "--no-wait"], {}, ["127.0.0.1:", "in use", "--port"]),
+    ("tasks_unknown", ["tasks", "dijkstar"], {}, ["unknown task 'dijkstar'"]),
+    ("command_unknown", ["sweeep"], {}, ["invalid choice: 'sweeep'"]),
+]
+# fmt: on
+
+
+# -- case set-ups that need the shared checkpoint ------------------------------------------------
+
+
+def damage(case: Path, fx: Path, name: str | None, keep: float | None) -> None:
+    """The shared checkpoint copied to ./ck, with `name` truncated to `keep` of its bytes (None: removed)."""
+    shutil.copytree(fx / "ck", case / "ck")
+    if name is None:
+        return
+    f = case / "ck" / name
+    if keep is None:
+        f.unlink()
+    else:
+        b = f.read_bytes()
+        f.write_bytes(b[: int(len(b) * keep)])
+
+
+def edit_config(case: Path, fx: Path, **change) -> None:
+    damage(case, fx, None, None)
+    f = case / "ck" / "trial_config.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), **change}))
+
+
+def crafted_checkpoint(case: Path, fx: Path) -> None:
+    damage(case, fx, None, None)
+    shutil.copy(fx / "evil.pt", case / "ck" / "state.pt")
+
+
+def with_outputs(case: Path, fx: Path, as_file: bool = False) -> None:
+    damage(case, fx, None, None)
+    if as_file:
+        (case / "o").write_text("x")
+    else:
+        (case / "o").mkdir()
+        (case / "o" / "stability.csv").write_text("T\n1\n")
+
+
+class Evil:
+    """A pickle that creates a file when unpickled (what a crafted checkpoint could do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+# -- running them ---------------------------------------------------------------------------------
+
+
+def snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))}
+
+
+def env(fx: Path) -> dict[str, str]:
+    e = dict(os.environ, STABRAY_CACHE=str(fx / "cache"), PYTHONPATH=str(ROOT), RAY_ADDRESS="local")
+    e.pop("MLFLOW_TRACKING_URI", None)
+    return e
+
+
+FIXTURES_AT_START: dict[str, tuple[int, int]] = {}
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    """A real checkpoint of a tiny untrained trial, its dataset cache, an MLflow store with one
+    experiment, and a crafted state.pt whose unpickling would create `pwned`."""
+    import torch
+    from mlflow import MlflowClient
+
+    from stabray.train import make_run
+
+    fx = tmp_path_factory.mktemp("fixtures")
+    task = {
+        "name": "dijkstra",
+        "params": {"n_nodes": 4, "decimals": 1},
+        "train_size": 16,
+        "val_size": 4,
+        "test_size": 4,
+    }
+    cfg = {
+        "task": task,
+        "model": {"preset": "tiny"},
+        "train": {"epochs": 1, "batch_size": 8},
+        "eval": {"eaf_examples": 0, "long_splits": []},
+        "device": "cpu",
+        "cache_dir": str(fx / "cache"),
+    }
+    make_run(cfg).save(fx / "ck")
+    torch.save({"model": Evil(fx / "pwned"), "trainer": {}}, fx / "evil.pt")
+    MlflowClient(f"sqlite:///{fx / 'store.db'}").create_experiment("exists")
+    FIXTURES_AT_START.update(snapshot(fx))
+    return fx
+
+
+# One case of each kind runs as a real subprocess in the default suite; the rest run in this process
+# through stabray.cli.main (the same code, minus ~1-4 s of imports each). `-m slow` runs them all as
+# subprocesses.
+SUBPROCESS = {
+    "set_not_yaml", "method_not_listed", "spec_not_text", "randint_outside_allowed_bits", "storage_is_file",
+    "tracking_server_down", "ray_address_dead", "data_out_exists", "ckpt_crafted_pickle",
+    "ckpt_tokenizer_truncated", "stability_run_id_unknown", "report_unknown_experiment", "ui_port_taken",
+    "command_unknown",
+}  # fmt: skip
+BY_ID = {c[0]: c for c in CASES}
+
+
+@pytest.fixture(scope="module")
+def setting(fixtures, tmp_path_factory):
+    """Where cases run, the values their argv refers to, and a port some other program listens on."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    subst = {"{F}": str(fixtures), "{port}": str(closed_port()), "{busy}": str(busy.getsockname()[1])}
+    yield tmp_path_factory.mktemp("cases"), subst
+    busy.close()
+
+
+def prepare(case, root: Path, fx: Path, subst: dict[str, str], how: str) -> tuple[Path, list[str]]:
+    cid, argv, files, _ = case
+    d = root / f"{cid}-{how}"
+    d.mkdir()
+    if callable(files):
+        files(d, fx)
+    else:
+        for name, content in files.items():
+            write(d / name, content)
+    args = []
+    for a in argv:
+        for k, v in subst.items():
+            a = a.replace(k, v)
+        args.append(a)
+    return d, args
+
+
+def run_subprocess(case, fx: Path, setting) -> tuple:
+    """(exit code, stdout, stderr, files before, files after) of `python -m stabray <argv>`."""
+    d, args = prepare(case, *setting[:1], fx, setting[1], "sub")
+    before = snapshot(d)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "stabray", *args], cwd=d, env=env(fx), capture_output=True, text=True, timeout=120
+        )
+        res = (p.returncode, p.stdout, p.stderr)
+    except subprocess.TimeoutExpired as e:  # e.g. a client retrying a dead server for minutes
+        res = ("timed out after 120 s", str(e.stdout), str(e.stderr))
+    return (*res, before, snapshot(d))
+
+
+def run_in_process(case, fx: Path, setting, monkeypatch, capfd) -> tuple:
+    from stabray.cli import main
+
+    d, args = prepare(case, *setting[:1], fx, setting[1], "in")
+    before = snapshot(d)
+    for k, v in env(fx).items():
+        if k in ("STABRAY_CACHE", "RAY_ADDRESS"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(d)
+    capfd.readouterr()
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse
+        rc = e.code
+    out, err = capfd.readouterr()
+    return rc, out, err, before, snapshot(d)
+
+
+@pytest.fixture(scope="module")
+def subprocess_results(fixtures, setting):
+    """The SUBPROCESS cases, three at a time: {id: result}."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(lambda cid: (cid, run_subprocess(BY_ID[cid], fixtures, setting)), sorted(SUBPROCESS)))
+
+
+def check(case, result) -> None:
+    cid, argv, _, fragments = case
+    rc, out, err, before, after = result
+    assert "Traceback" not in out + err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, (rc, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+    assert after == before, f"files changed on the way to the error: {set(after) ^ set(before)}"
+
+
+def test_at_least_40_cases_with_distinct_ids():
+    ids = [c[0] for c in CASES]
+    assert len(ids) >= 40 and len(set(ids)) == len(ids) and SUBPROCESS <= set(ids)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_with_one_line(case, fixtures, setting, subprocess_results, monkeypatch, capfd):
+    if case[0] in SUBPROCESS:
+        check(case, subprocess_results[case[0]])
+    else:
+        check(case, run_in_process(case, fixtures, setting, monkeypatch, capfd))
+
+
+@pytest.mark.slow
+def test_every_case_as_a_subprocess(fixtures, setting):
+    """The whole table through the real CLI, each case its own process (about a minute on 2 cores)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(pool.map(lambda c: (c[0], run_subprocess(c, fixtures, setting)), CASES))
+    failed = {}
+    for case in CASES:
+        try:
+            check(case, results[case[0]])
+        except AssertionError as e:
+            failed[case[0]] = str(e)[:300]
+    assert not failed, failed
+
+
+def test_crafted_checkpoint_never_ran_and_fixtures_untouched(fixtures, setting, subprocess_results):
+    """After the cases (the crafted checkpoint among them): its code never ran, no fixture changed."""
+    assert not (fixtures / "pwned").exists()
+    assert snapshot(fixtures) == FIXTURES_AT_START
+
+
+def test_the_crafted_checkpoint_would_run_code(fixtures, tmp_path):
+    """The checks above can fail: unpickled without restriction, the file does create its marker."""
+    import torch
+
+    marker = tmp_path / "pwned"
+    torch.save({"model": Evil(marker), "trainer": {}}, tmp_path / "evil.pt")
+    torch.load(tmp_path / "evil.pt", weights_only=False)
+    assert marker.exists()
+
+
+def test_checkpoint_round_trip_uses_only_tensors_and_json(fixtures, tmp_path):
+    """What `save` writes loads with weights_only=True; the history is JSON."""
+    import torch
+
+    from stabray.train import load_run
+
+    state = torch.load(fixtures / "ck" / "state.pt", weights_only=True)
+    assert set(state) == {"model", "trainer"}
+    assert json.loads((fixtures / "ck" / "history.json").read_text()) == []
+    run = load_run(fixtures / "ck")
+    assert run.trainer.epoch == 0 and run.history == []
+
+
+# -- a Ray address nothing answers at -----------------------------------------------------------
+
+
+@pytest.fixture
+def stale_ray_file(tmp_path, monkeypatch):
+    """A `ray_current_cluster` left by a Ray instance that died, under a temporary RAY_TMPDIR; no
+    RAY_ADDRESS; and no running GCS processes seen (another Ray on this machine must not count)."""
+    from ray._private import services
+
+    addr = f"127.0.0.1:{closed_port()}"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(addr)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
+    return addr, tmp_path / "ray" / "ray_current_cluster"
+
+
+def test_stale_ray_address_file_is_reported(stale_ray_file):
+    import ray
+
+    from stabray.errors import UserError
+    from stabray.tune.sweep import init_ray, running_ray
+
+    addr, file = stale_ray_file
+    assert running_ray() == (addr, str(file))  # what ray.init(address="auto") would join
+    assert not ray.is_initialized()
+    with pytest.raises(UserError) as e:
+        init_ray(None)
+    msg = str(e.value)
+    assert addr in msg and str(file) in msg and "--address local" in msg
+    assert not ray.is_initialized()
+
+
+def test_sweep_with_a_stale_ray_address_exits_2_creating_nothing(stale_ray_file, tmp_path, monkeypatch, capsys):
+    from stabray.cli import main
+
+    addr, _ = stale_ray_file
+    work = tmp_path / "work"
+    work.mkdir()
+    write(work / "s.yaml", spec())
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["sweep", "s.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert addr in err and "--address local" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in work.iterdir()) == ["s.yaml"]  # no mlflow.db, no stabray_runs

@@ -1,0 +1,128 @@
+"""An interrupted sweep, without running one: the signal handler's logic (forward the first SIGINT /
+SIGTERM to Ray Tune as SIGUSR1 once Ray Tune listens, stop at once on a second one or before Ray
+Tune listens), the MLflow statuses an interrupt leaves (KILLED) and `--resume` reopens, the exact
+resume command, and metrics that are NaN or infinite kept rather than dropped. The end-to-end
+check (a real sweep interrupted, then resumed) is tests/test_faults.py."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+
+import pytest
+
+from stabray.tune.interrupt import GracefulStop
+
+
+@pytest.fixture
+def ray_tune_listening():
+    """What Ray Tune's fit() installs: a SIGUSR1 handler that ends the run (here: records it)."""
+    got = []
+    return got, lambda signum, frame: got.append(signum)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_first_signal_asks_ray_tune_to_stop_second_stops_now(sig, ray_tune_listening):
+    got, ray_handler = ray_tune_listening
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    env_before = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    with GracefulStop() as stop:
+        assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"  # Ray Tune leaves SIGINT to us
+        with stop.in_fit():
+            signal.signal(signal.SIGUSR1, ray_handler)  # fit() has started listening
+            signal.raise_signal(sig)
+            assert got == [signal.SIGUSR1] and stop.signal == sig and stop.name == sig.name
+            with pytest.raises(KeyboardInterrupt):  # a second one: no more waiting
+                signal.raise_signal(signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert os.environ.get("TUNE_DISABLE_SIGINT_HANDLER") == env_before
+
+
+def test_signal_before_ray_tune_listens_stops_at_once():
+    with GracefulStop() as stop:
+        with stop.in_fit():  # fit() is still setting up: SIGUSR1 would kill the driver
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGTERM)
+        assert stop.signal == signal.SIGTERM
+    with GracefulStop() as stop:  # outside fit() (Ray starting, the summary): the same
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_install_takes_sigterm_back(ray_tune_listening):
+    """ray.init replaces the SIGTERM handler with one that aborts the driver; install() undoes that."""
+    got, ray_handler = ray_tune_listening
+    with GracefulStop() as stop:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as ray.init does, at the C level
+        stop.install()
+        with stop.in_fit():
+            signal.signal(signal.SIGUSR1, ray_handler)
+            signal.raise_signal(signal.SIGTERM)
+        assert got == [signal.SIGUSR1] and stop.signal == signal.SIGTERM
+
+
+def test_resume_command_repeats_every_flag():
+    from stabray.commands.sweep import resume_command
+
+    args = argparse.Namespace(
+        spec="my spec.yaml",
+        method="alg1",
+        num_samples=4,
+        tracking_uri=None,
+        storage="/r",
+        address="local",
+        set=["train.epochs=2", "search.space.lr={choice: [0.001]}"],
+    )
+    assert resume_command(args) == (
+        "python -m stabray sweep 'my spec.yaml' --method alg1 --num-samples 4 --storage /r --address local "
+        "--set train.epochs=2 --set 'search.space.lr={choice: [0.001]}' --resume"
+    )
+
+
+@pytest.fixture
+def store(tmp_path):
+    from stabray.tracking import Store
+
+    return Store(f"sqlite:///{tmp_path}/m.db", "x")
+
+
+def test_kill_running_marks_the_sweep_and_its_running_trials(store):
+    parent = store.start_parent("x", "x-1", {})
+    group = store.start_group(parent, "alg1")
+    running = [store.start_child(p, f"t{i}", f"t{i}", {"lr": 1}, {}, {}) for i, p in enumerate((parent, group))]
+    done = store.start_child(parent, "t9", "t9", {"lr": 1}, {}, {})
+    store.end(done, "FINISHED")
+    other = store.start_parent("y", "y-1", {})  # another sweep's run: untouched
+    killed = store.kill_running({parent, group})
+    assert set(killed) == {parent, group, *running}
+    assert [store.status(r) for r in (parent, group, *running)] == ["KILLED"] * 4
+    assert store.status(done) == "FINISHED" and store.status(other) == "RUNNING"
+    records, _ = store.trial_records(stability=False)
+    assert sorted(r.status for r in records) == ["FINISHED", "KILLED", "KILLED"]
+    for r in (parent, running[0], done):  # --resume: what was KILLED runs again; nothing else changes
+        store.reopen(r)
+    assert [store.status(r) for r in (parent, running[0], done)] == ["RUNNING", "RUNNING", "FINISHED"]
+
+
+def test_nan_and_inf_metrics_are_logged_not_dropped(store):
+    parent = store.start_parent("x", "x-1", {})
+    rid = store.start_child(parent, "t0", "t0", {"lr": 1}, {}, {})
+    n = store.log_metrics(rid, {"eaf": math.nan, "loss_gap": math.inf, "val_acc": 0.5, "note": "text"}, step=1)
+    assert n == 3  # the text is not a number; NaN and inf are results
+    (rec,), _ = store.trial_records(stability=False)
+    assert math.isnan(rec.metrics["eaf"]) and rec.metrics["loss_gap"] == math.inf and rec.metrics["val_acc"] == 0.5
+
+
+def test_outside_a_ray_worker_nothing_starts_ray():
+    """assigned_cpus / placement used to call ray.get_runtime_context() inside a bare `except`,
+    which starts a Ray instance in a plain process."""
+    import ray
+
+    from stabray.tune.report import assigned_cpus, placement
+
+    if ray.is_initialized():
+        ray.shutdown()
+    assert assigned_cpus(default=3) == 3 and placement() == {}
+    assert not ray.is_initialized()
