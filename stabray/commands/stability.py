@@ -2,7 +2,8 @@
 (Table 2's columns for T = 1..T_max) of a trained checkpoint on its test split; prints the table,
 writes stability.csv and stability.json to --out, and logs them to the run under `stability/`.
 
-A checkpoint directory is what a trial runner's `save` writes (state.pt, trial_config.json, tokenizer/).
+A checkpoint directory is what a trial runner's `save` writes (state.pt: tensors only, loaded with
+weights_only=True; history.json, trial_config.json, tokenizer/).
 A run id is resolved to its checkpoint by `stabray.tracking.checkpoint_dir_of(run_id)`.
 """
 
