@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import ssl
 import sys
 import tempfile
 import time
@@ -85,6 +86,8 @@ def check_store(uri: str, *, create: bool) -> None:
             return  # it answered (a server without /health, or one that wants a login): reachable
         except (OSError, ValueError) as e:  # URLError, refused, timed out, a malformed URL
             reason = getattr(e, "reason", e)
+            if isinstance(reason, ssl.SSLError):
+                return  # it answered TLS; whether MLflow accepts its certificate is MLflow's setting
             raise UserError(
                 f"cannot reach the MLflow tracking server at {uri} ({reason}); start it (python -m stabray ui "
                 "--port PORT) or pass another --tracking-uri (default: sqlite ./mlflow.db)"
