@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--storage", help="Ray Tune results directory (default ./stabray_runs)")
     p.add_argument(
         "--address",
-        help="Ray cluster address (default: $RAY_ADDRESS, else join a running cluster, else start "
+        help="Ray cluster address (default: $RAY_ADDRESS, else the cluster `ray start` recorded here, else start "
         "one locally); 'local' always starts a fresh local instance",
     )
     p.add_argument("--resume", action="store_true", help="continue the latest interrupted run of this sweep")

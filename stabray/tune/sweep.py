@@ -100,16 +100,20 @@ def unreachable(address: str, timeout_s: float = 3.0) -> str | None:
         return e.strerror or str(e) or type(e).__name__
 
 
-def running_ray() -> tuple[str | None, str]:
-    """(the address `ray.init(address="auto")` would join, where it was found), (None, "") when no
-    Ray runs here. Ray reads the address of the last `ray start` from `ray_current_cluster` in its
-    temp dir ($RAY_TMPDIR/ray, else /tmp/ray) and looks for running GCS processes."""
+def running_ray(auto: bool = False) -> tuple[str | None, str]:
+    """(the address of the Ray cluster to join, where it was found), or (None, "") for none: the
+    cluster the last `ray start` (or `ray up`) recorded in `ray_current_cluster` under Ray's temp dir
+    ($RAY_TMPDIR/ray, else /tmp/ray), as `ray.init()` finds it. With `auto` (RAY_ADDRESS=auto), also
+    any Ray process running on this machine, as `ray.init(address="auto")` does: that includes
+    another user's private `ray.init()` instance, so stabray does not look for those by default."""
     from ray._common.utils import get_ray_address_file
     from ray._private import services
 
     try:
-        found = services.get_ray_address_from_environment("auto", None)
-    except ConnectionError:  # nothing recorded, nothing running
+        found = services.get_ray_address_from_environment("auto" if auto else None, None)
+    except ConnectionError:  # auto: nothing recorded, nothing running
+        return None, ""
+    if found is None:
         return None, ""
     if services.find_bootstrap_address(None) == found:
         return found, get_ray_address_file(None)
@@ -117,10 +121,11 @@ def running_ray() -> tuple[str | None, str]:
 
 
 def init_ray(address: str | None = None, verbose: bool = False) -> str:
-    """Join a running cluster (RAY_ADDRESS, or one started with `ray start` / `ray up`) or start a
-    local one. Returns a short description. Unless verbose, the trials' own output (Ray's checkpoint
-    lines, warnings) is not forwarded to this console: it stays in each trial's directory. An address
-    nothing answers at is a UserError within seconds (Ray itself retries a dead address for minutes)."""
+    """Join a cluster (--address, RAY_ADDRESS, or the one `ray start` / `ray up` recorded on this
+    machine) or start a local one. Returns a short description. Unless verbose, the trials' own output
+    (Ray's checkpoint lines, warnings) is not forwarded to this console: it stays in each trial's
+    directory. An address nothing answers at is a UserError within seconds (Ray itself retries a
+    dead address for minutes)."""
     if ray.is_initialized():
         return "already initialised"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -141,7 +146,7 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
             )
         ray.init(address=addr, **kwargs)
         return f"joined Ray cluster at {addr}"
-    found, source = running_ray()
+    found, source = running_ray(auto=addr == "auto")
     if found is None:
         ray.init(**kwargs)
         return "started a local Ray instance"
