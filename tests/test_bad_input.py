@@ -95,7 +95,7 @@ CASES = [
     ("resume_nothing", ["sweep", "s.yaml", "--resume"], {"s.yaml": spec()}, ["--resume", "no earlier sweep 'bad'"]),
     ("tracking_server_down", ["sweep", "s.yaml", "--tracking-uri", "http://127.0.0.1:1"], {"s.yaml": spec()}, ["cannot reach the MLflow tracking server at http://127.0.0.1:1"]),
     ("tracking_db_not_sqlite", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10, "s.yaml": spec()}, ["m.db", "not an SQLite database"]),
-    ("tracking_db_is_folder", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": None, "s.yaml": spec()}, ["m.db is a directory"]),
+    ("tracking_db_is_folder", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": None, "s.yaml": spec()}, ["m.db: a directory, not an MLflow database"]),
     ("tracking_db_folder_missing", ["sweep", "s.yaml", "--tracking-uri", "sqlite:///nowhere/m.db"], {"s.yaml": spec()}, ["nowhere", "does not exist"]),
     ("ray_address_dead", ["sweep", "s.yaml", "--address", "127.0.0.1:{port}"], {"s.yaml": spec()}, ["no Ray cluster answers at 127.0.0.1:", "--address local"]),
     # -- data

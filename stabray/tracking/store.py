@@ -65,12 +65,12 @@ def check_store(uri: str, *, create: bool) -> None:
     db = sqlite_path(uri)
     if db is not None:
         if db.is_dir():
-            raise UserError(f"tracking store {uri}: {db} is a directory, not an MLflow database file")
+            raise UserError(f"tracking store {uri}: a directory, not an MLflow database file")
         if db.exists():
             with open(db, "rb") as f:
                 head = f.read(len(SQLITE_HEADER))
             if head and head != SQLITE_HEADER:  # an empty file is an empty database
-                raise UserError(f"tracking store {uri}: {db} is not an SQLite database (damaged, or another file)")
+                raise UserError(f"tracking store {uri}: not an SQLite database (a damaged or another file)")
         elif not create:
             raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
         elif not db.parent.is_dir():

@@ -201,5 +201,11 @@ def load_run(path: str | Path) -> Runner:
     except UserError:
         raise
     except (RuntimeError, KeyError, ValueError, TypeError) as e:  # load_state_dict: keys or shapes differ
-        raise UserError(f"{path}: the saved state does not fit the model of its {CONFIG} ({one_line(e)})") from None
+        # torch: "Error(s) in loading state_dict for X:" then one indented line per problem
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        first = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
+        more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+        raise UserError(
+            f"{path}: the saved state does not fit the model of its {CONFIG}: {first[:200]}{more}"
+        ) from None
     return run
