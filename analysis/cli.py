@@ -86,7 +86,9 @@ def register_icl_figures(subparsers) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description="tables and figures from logged trials")
+    from stabray.cli import Parser  # errors on one line, exit 2
+
+    parser = Parser(prog="python -m analysis", description="tables and figures from logged trials")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(sub)
     register_rerun(sub)

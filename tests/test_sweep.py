@@ -161,3 +161,28 @@ def test_lora_rank_searched_when_lora_is_on(tmp_path):
     assert spec.search.space["lora_rank"].choice == [16, 32, 64]
     spec, _ = load_spec(str(write_spec(tmp_path)))  # no LoRA: no rank
     assert "lora_rank" not in spec.search.space
+
+
+def test_method_flag_keeps_the_users_set_on_its_space(capsys):
+    """--method X replaces the search space by X's; a --set of a space key still wins over it."""
+    assert main(["sweep", "dijkstra", "--method", "alg1", "--set", "search.space.bits={choice: [2]}", "--dry-run"]) == 0
+    space = yaml.safe_load(capsys.readouterr().out)["search"]["space"]
+    bits = [k for k in space if k.endswith("bits")]
+    assert bits == ["bits"] and space["bits"]["choice"] == [2]
+
+
+def test_sample_points_cover_what_a_distribution_can_produce():
+    from stabray.config import Dist
+    from stabray.spec import MAX_ENUMERATED, load_spec, sample_points
+
+    spec, _ = load_spec("dijkstra")
+    space = {
+        "a": Dist(randint=(1, 8)),
+        "b": Dist(randint=(0, 10 * MAX_ENUMERATED)),
+        "c": Dist(uniform=(0.2, 0.6)),
+        "d": Dist(loguniform=(1e-4, 1e-2)),
+    }
+    pts = sample_points(spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})}))
+    assert pts["a"] == list(range(1, 9))  # every integer, both ends included
+    assert len(pts["b"]) == MAX_ENUMERATED and pts["b"][0] == 0 and pts["b"][-1] == 10 * MAX_ENUMERATED
+    assert pts["c"] == pytest.approx([0.2, 0.4, 0.6]) and pts["d"] == pytest.approx([1e-4, 1e-3, 1e-2])
