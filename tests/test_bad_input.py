@@ -319,9 +319,11 @@ def check(case, result) -> None:
     assert "Traceback" not in out + err, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2, (rc, err[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
+    # one error line, the last; before it at most the start of a progress step ("loading ck ...")
+    assert lines and lines[-1].startswith("error: "), err[-2000:]
+    assert all(line.endswith(" ...") for line in lines[:-1]), err[-2000:]
     for frag in fragments:
-        assert frag in lines[0], (frag, lines[0])
+        assert frag in lines[-1], (frag, lines[-1])
     assert after == before, f"files changed on the way to the error: {set(after) ^ set(before)}"
 
 

@@ -74,10 +74,11 @@ def test_resume_command_repeats_every_flag():
         storage="/r",
         address="local",
         set=["train.epochs=2", "search.space.lr={choice: [0.001]}"],
+        verbose=True,
     )
     assert resume_command(args) == (
         "python -m stabray sweep 'my spec.yaml' --method alg1 --num-samples 4 --storage /r --address local "
-        "--set train.epochs=2 --set 'search.space.lr={choice: [0.001]}' --resume"
+        "--set train.epochs=2 --set 'search.space.lr={choice: [0.001]}' --verbose --resume"
     )
 
 

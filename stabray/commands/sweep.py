@@ -133,6 +133,8 @@ def resume_command(args) -> str:
             parts += [flag, str(value)]
     for item in args.set:
         parts += ["--set", item]
+    if getattr(args, "verbose", False):
+        parts.append("--verbose")
     return shlex.join([*parts, "--resume"])
 
 
