@@ -350,7 +350,9 @@ def test_data_command_writes_json_lines(tmp_path, capsys):
     expected = draw(get_task("mst_prim"), "test_long", 7, seed=3, size=11)
     assert [r["answer"] for r in recs] == [e.answer for e in expected]
     assert set(recs[0]) >= {"question", "steps", "final", "answer"}
-    assert main(["data", "lego_cyclic", "--n", "3", "--size", "5", "--out", str(out)]) == 0
+    assert main(["data", "lego_cyclic", "--n", "3", "--size", "5", "--out", str(out)]) == 2  # exists: no --force
+    assert "--force" in capsys.readouterr().err
+    assert main(["data", "lego_cyclic", "--n", "3", "--size", "5", "--out", str(out), "--force"]) == 0
     assert all(len(parse_vec(json.loads(line)["final"])) == 5 for line in out.read_text().splitlines())
-    assert main(["data", "dfs", "--param", "n_nodes=1", "--out", str(out)]) == 2
+    assert main(["data", "dfs", "--param", "n_nodes=1", "--out", str(out), "--force"]) == 2
     assert "n_nodes" in capsys.readouterr().err
