@@ -251,8 +251,8 @@ class Store:
         """End as KILLED the given runs (a sweep's parent and method groups) and every still-RUNNING
         run under them (its trials): the status of an interrupted sweep. Returns the runs killed."""
         killed = []
-        for run in self.all_runs():
-            if run.info.status == "RUNNING" and (run.info.run_id in run_ids or run.data.tags.get(PARENT) in run_ids):
+        for run in self.all_runs("attributes.status = 'RUNNING'"):
+            if run.info.run_id in run_ids or run.data.tags.get(PARENT) in run_ids:
                 self.end(run.info.run_id, "KILLED")
                 killed.append(run.info.run_id)
         return killed
@@ -275,10 +275,12 @@ class Store:
         """(step, value) of every value logged for a metric, by step."""
         return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, logged_name(key)))
 
-    def all_runs(self) -> list:
+    def all_runs(self, filter_string: str = "") -> list:
         runs, token = [], None
         while True:
-            page = self.client.search_runs([self.experiment_id], max_results=1000, page_token=token)
+            page = self.client.search_runs(
+                [self.experiment_id], filter_string=filter_string, max_results=1000, page_token=token
+            )
             runs.extend(page)
             token = page.token
             if not token:
