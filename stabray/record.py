@@ -520,12 +520,25 @@ def _read_results(path: Path) -> list[dict]:
     return out
 
 
+def _read_json(path: Path, kind: type) -> Any:
+    """A JSON file of the expected kind (dict, list), or a one-line UserError naming the file."""
+    from stabray.errors import UserError
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(data, kind):
+        raise UserError(f"{path}: expected a JSON {kind.__name__}, got {type(data).__name__}")
+    return data
+
+
 def records_from_ray_dir(root: Path) -> list[TrialRecord]:
     """Read `<root>/<trial dir>/{params.json,result.json}` of a Ray Tune experiment directory."""
     records = []
     for params_file in sorted(root.glob("*/params.json")):
         tdir = params_file.parent
-        config = json.loads(params_file.read_text())
+        config = _read_json(params_file, dict)
         results = _read_results(tdir / "result.json")
         metrics = last_metrics(results)
         trial_id = next((str(r["trial_id"]) for r in results if r.get("trial_id")), tdir.name)
@@ -540,7 +553,7 @@ def records_from_ray_dir(root: Path) -> list[TrialRecord]:
                 metrics=metrics,
                 val_history=history_of(results),
                 status=trial_status(failed=failed, done=done, has_final=has_final or done),
-                decomposition=json.loads(decomp_file.read_text()) if decomp_file.exists() else None,
+                decomposition=_read_json(decomp_file, list) if decomp_file.exists() else None,
                 config=config,
                 name=tdir.name,
             )

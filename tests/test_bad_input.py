@@ -128,6 +128,8 @@ CASES = [
     ("report_store_not_sqlite", ["report", "--experiment", "x", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10}, ["not an SQLite database"]),
     ("report_ray_dir_missing", ["report", "--experiment", "x", "--ray-dir", "nowhere"], {}, ["--ray-dir nowhere", "no such directory"]),
     ("report_ray_dir_empty", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None}, ["--ray-dir d", "no Ray Tune trials"]),
+    ("report_ray_dir_bad_params", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None, "d/t0": None, "d/t0/params.json": '{"task": '}, ["params.json", "not a readable JSON file"]),
+    ("report_ray_dir_params_list", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None, "d/t0": None, "d/t0/params.json": "[1, 2]"}, ["params.json", "expected a JSON dict"]),
     ("report_out_not_empty", ["report", "--experiment", "x", "--out", "o"], {"o": None, "o/mine.md": "x"}, ["--out o", "--force"]),
     ("report_out_is_file", ["report", "--experiment", "x", "--out", "o"], {"o": "x"}, ["--out o", "a file"]),
     ("icl_figures_wrong_task", ["icl-figures", "ck"], lambda d, f: damage(d, f, None, None), ["dijkstra", "icl_linear or icl_quadratic"]),
