@@ -207,7 +207,7 @@ class SweepSpec(Strict):
     search: SearchCfg = SearchCfg()
     resources: ResourcesCfg = ResourcesCfg()
     mlflow: MlflowCfg = MlflowCfg()
-    storage: str | None = None  # Ray Tune results; None = ./stabray_runs (absolute)
+    storage: str | None = None  # Ray Tune results: a folder or s3://bucket/prefix; None = ./stabray_runs
 
     @field_validator("name")
     @classmethod

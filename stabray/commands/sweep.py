@@ -21,7 +21,9 @@ def register(sub) -> None:
     p.add_argument("--method", help="override the spec's method (e.g. sft_cot, alg1)")
     p.add_argument("--num-samples", type=int, help="number of trials")
     p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite ./mlflow.db)")
-    p.add_argument("--storage", help="Ray Tune results directory (default ./stabray_runs)")
+    p.add_argument(
+        "--storage", help="where Ray Tune results go: a folder (default ./stabray_runs) or s3://bucket/prefix"
+    )
     p.add_argument(
         "--address",
         help="Ray cluster address (default: $RAY_ADDRESS, else the cluster `ray start` recorded here, else start "

@@ -27,6 +27,9 @@ CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
 STATUS = "stabray.status"  # tag: the trial's status when MLflow's own has no word for it (STOPPED)
 STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the scheduler stopped the trial
 NOTE = "mlflow.note.content"  # tag: a run's description (Markdown), shown on its overview page
+# tag: a trial's run whose trial Ray Tune lost (the driver died before Ray saved the trial; the resumed
+# sweep ran another in its place): KILLED, kept for the record, not one of the sweep's trials
+LOST = "stabray.lost"
 # MLflow 3 opens an experiment without this tag in its GenAI view (traces, judges, prompts); this
 # value opens it on its runs, as a model-training experiment.
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
@@ -266,6 +269,28 @@ class Store:
         )
         return runs[0].info.run_id if runs else None
 
+    def running_children(self, parent_id: str) -> dict[str, str]:
+        """{run id: trial id} of the parent's trial runs still RUNNING."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{PARENT}` = '{parent_id}' and attributes.status = 'RUNNING'",
+            max_results=1000,
+        )
+        return {r.info.run_id: r.data.tags.get(TRIAL_ID, "") for r in runs if r.data.tags.get(ROLE) == "trial"}
+
+    def mark_lost(self, run_id: str) -> None:
+        """End a trial's run whose trial Ray Tune no longer knows (see LOST)."""
+        run = self.client.get_run(run_id)
+        self.client.set_tag(run_id, LOST, "true")
+        self.set_description(
+            run_id,
+            "**Lost**: the sweep's driver stopped before Ray Tune saved this trial, so the resumed sweep "
+            "ran another trial in its place. Kept for the record; not one of the sweep's trials.",
+        )
+        if not run.info.run_name.endswith(" (lost)"):
+            self.client.update_run(run_id, name=f"{run.info.run_name} (lost)")
+        self.end(run_id, "KILLED")
+
     def last_step(self, run_id: str, key: str) -> int:
         """The largest step logged for a metric (0 when none)."""
         hist = self.client.get_metric_history(run_id, logged_name(key))
@@ -323,6 +348,8 @@ class Store:
                 if role == "method" or (role != "trial" and PARENT not in tags):
                     continue  # a multi-method sweep's per-method group run holds no trial
                 if parents is not None and tags.get(PARENT) not in parents:
+                    continue
+                if tags.get(LOST):  # a trial Ray Tune lost and replaced: not one of the sweep's trials
                     continue
                 rid = run.info.run_id
                 params = dict(run.data.params)
@@ -402,6 +429,10 @@ def checkpoint_dir_of(run_id: str, tracking_uri: str | None = None) -> str:
     path = run.data.tags.get(CHECKPOINT)
     if not path:
         raise UserError(f"run {run_id} recorded no checkpoint (tag {CHECKPOINT}); is it a stabray trial?")
+    if "://" in path:  # in an object store (a sweep with storage s3://...)
+        raise UserError(
+            f"run {run_id}'s checkpoint is {path}; copy it here (aws s3 cp --recursive {path} DIR), then pass DIR"
+        )
     if not Path(path).exists():
         raise UserError(
             f"run {run_id}'s checkpoint {path} is not on this machine (copy it here, then pass the directory)"

@@ -30,6 +30,7 @@ class MLflowTuneCallback(Callback):
         self.ended: set[str] = set()
         self.logged_step: dict[str, int] = {}  # last epoch logged per trial (not pickled: asked of MLflow)
         self._store: Store | None = None
+        self._lost_checked = False  # once per driver session (not pickled)
 
     @property
     def store(self) -> Store:
@@ -45,12 +46,27 @@ class MLflowTuneCallback(Callback):
         self.names = dict(state.get("names", {}))
         self.ended = set(state.get("ended", set()))
         self.logged_step = {}
+        self._lost_checked = False
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_store"] = None  # MLflow clients are not picklable; reconnect lazily
         d["logged_step"] = {}
+        d["_lost_checked"] = False
         return d
+
+    def on_step_begin(self, iteration, trials, **info):
+        """Once, when the sweep (re)starts: a trial run still RUNNING whose trial Ray Tune does not know
+        was lost with a killed driver (created after Ray's last saved experiment state). Its run is
+        ended KILLED and marked lost, so the sweep's runs are exactly its trials."""
+        if self._lost_checked:
+            return
+        self._lost_checked = True
+        known = {t.trial_id for t in trials}
+        for rid, tid in self.store.running_children(self.parent_run_id).items():
+            if tid not in known:
+                self.store.mark_lost(rid)
+                self.runs = {t: r for t, r in self.runs.items() if r != rid}
 
     def _run_id(self, trial) -> str:
         if trial.trial_id not in self.runs:
@@ -111,7 +127,7 @@ class MLflowTuneCallback(Callback):
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # the latest checkpoint (older ones are deleted: num_to_keep=1), for `stabray stability <run id>`
-        self.store.set_tag(self._run_id(trial), CHECKPOINT, checkpoint.path)
+        self.store.set_tag(self._run_id(trial), CHECKPOINT, checkpoint_uri(checkpoint))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rid = self._run_id(trial)
@@ -165,6 +181,12 @@ class MLflowTuneCallback(Callback):
         self._close(trial, rid, error=last_line.strip()[:300])
         self.store.end(rid, "FAILED")
         self.ended.add(trial.trial_id)
+
+
+def checkpoint_uri(checkpoint) -> str:
+    """A checkpoint's folder: a local path, or a URI (s3://bucket/...) when it lives in an object store."""
+    kind = getattr(checkpoint.filesystem, "type_name", "local")
+    return checkpoint.path if kind == "local" else f"{kind}://{checkpoint.path}"
 
 
 def _read(path: str) -> str:

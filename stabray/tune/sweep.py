@@ -4,7 +4,6 @@ stopping, a concurrency limit, every trial tracked in MLflow (parent run per swe
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 import time
@@ -23,6 +22,7 @@ from stabray.tracking.store import check_store
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
 from stabray.tune.interrupt import GracefulStop
+from stabray.tune.storage import INFO_FILE, Storage, open_storage
 from stabray.tune.trainable import trainable
 
 
@@ -161,62 +161,79 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
     return f"joined the running Ray cluster at {found}"
 
 
+def autoscaling() -> bool:
+    """Whether an autoscaler with a config manages the joined cluster (`ray up`, `ray start
+    --autoscaling-config`). Every Ray head runs a monitor that publishes a status in the cluster's
+    key-value store (Ray has no public API for it); without a config it is read-only and names each
+    node's type `node_<node id>`, with one it uses the config's node types."""
+    import json
+
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        status = json.loads(_internal_kv_get("__autoscaling_status") or "null") or {}
+        mapping = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
+        return any(kind != f"node_{node}" for node, kind in mapping.items())
+    except Exception:  # noqa: BLE001 - a private API: when it moves, behave as without an autoscaler
+        return False
+
+
 def check_resources(spec: SweepSpec) -> None:
-    """Fail fast when one trial asks for more than the whole cluster has (it would wait forever)."""
-    total = ray.cluster_resources()
+    """Fail fast when one trial asks for more than the whole cluster has (it would wait forever),
+    unless an autoscaler runs the cluster: it starts the nodes the trials ask for (GPU workers from
+    zero), so what the cluster has at the start says nothing."""
+    total, later = ray.cluster_resources(), []
     for key, want in (("CPU", spec.resources.cpu), ("GPU", spec.resources.gpu)):
         have = total.get(key, 0.0)
         if want > have:
+            if autoscaling():
+                later.append(f"{want:g} {key} (the cluster has {have:g} now)")
+                continue
             raise UserError(
                 f"resources.{key.lower()}: each trial asks for {want:g} {key}, but the Ray cluster "
                 f"has {have:g} in all; lower the request or add nodes"
             )
-
-
-def storage_root(spec: SweepSpec, flag: str | None) -> Path:
-    return Path(flag or spec.storage or "stabray_runs").absolute()
-
-
-def latest_run_dir(root: Path, name: str) -> Path | None:
-    dirs = sorted(root.glob(f"{name}-2*"), key=lambda p: p.name)
-    return dirs[-1] if dirs else None
+    if later:
+        print(f"stabray: each trial asks for {', '.join(later)}; the autoscaler adds nodes for the trials", flush=True)
 
 
 def make_tuner(
     spec: SweepSpec,
-    run_dir: Path,
+    storage: Storage,
+    run: str,
     callback: MLflowTuneCallback,
     resume: bool,
     console: SweepConsole | None = None,
     verbose: bool = False,
 ):
+    """A Tuner writing to `<storage>/<run>` (`run`: the run's folder, or `<run folder>/<method>`), or
+    the one restored from there."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import ConcurrencyLimiter
 
     s = spec.search
     train_fn = tune.with_resources(trainable, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     if resume:
-        return tune.Tuner.restore(str(run_dir), trainable=train_fn, resume_unfinished=True, resume_errored=True)
+        return tune.Tuner.restore(storage.run_uri(run), trainable=train_fn, resume_unfinished=True, resume_errored=True)
     if s.searcher == "grid":
         searcher = None
     elif s.searcher == "optuna":
         import optuna
-        from ray.tune.search.optuna import OptunaSearch
+
+        from stabray.tune.search import DurableLimiter, DurableOptunaSearch
 
         if not verbose:  # "A new study created in RDB ..."
             optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-        # The study lives in a sqlite file beside the Ray results, so a resumed sweep continues it.
-        run_dir.mkdir(parents=True, exist_ok=True)
-        storage = optuna.storages.RDBStorage(f"sqlite:///{run_dir / 'optuna.db'}")
-        searcher = OptunaSearch(
+        # The live study is a sqlite file (beside the Ray results when they are local); Ray Tune's
+        # searcher checkpoint carries its trials into the storage, so a resumed sweep continues it.
+        searcher = DurableOptunaSearch(
+            db=storage.local_dir(run) / "optuna.db",
             metric=s.metric,
             mode=s.mode,
             sampler=optuna.samplers.TPESampler(seed=spec.seed),
-            study_name=run_dir.name,
-            storage=storage,
+            study_name=run.rsplit("/", 1)[-1],
         )
-        searcher = ConcurrencyLimiter(searcher, max_concurrent=s.max_concurrent)
+        searcher = DurableLimiter(searcher, max_concurrent=s.max_concurrent)
     else:
         searcher = None
     scheduler = (
@@ -244,8 +261,8 @@ def make_tuner(
             max_concurrent_trials=s.max_concurrent if searcher is None else None,
         ),
         run_config=tune.RunConfig(
-            name=run_dir.name,
-            storage_path=str(run_dir.parent),
+            name=run.rsplit("/", 1)[-1],
+            storage_path=storage.run_uri(run).rsplit("/", 1)[0],
             callbacks=[c for c in (callback, console) if c is not None] + ray_loggers(),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
@@ -295,66 +312,67 @@ def run_sweep(
     and, after SIGINT / SIGTERM, `interrupted` (the signal's name)."""
     uri = resolve_tracking_uri(tracking_uri, spec.mlflow.tracking_uri)
     experiment = spec.mlflow.experiment or spec.name
-    root = storage_root(spec, storage)
-    if root.exists() and not root.is_dir():
-        raise UserError(f"--storage {root}: a file, not a directory")
-    if resume:
-        run_dir = latest_run_dir(root, spec.name)
-        if run_dir is None or not (run_dir / "stabray_sweep.json").exists():
-            raise UserError(f"--resume: no earlier sweep {spec.name!r} under {root}")
-        saved = json.loads((run_dir / "stabray_sweep.json").read_text())
+    # a file where a folder should be, a missing or unreachable bucket: before anything starts
+    results = open_storage(storage or spec.storage, "--storage" if storage else "storage")
+    if resume:  # found in the storage alone (on S3: no local file needed)
+        run = results.latest_run(spec.name)
+        if run is None or not results.exists(f"{run}/{INFO_FILE}"):
+            raise UserError(f"--resume: no earlier sweep {spec.name!r} under {results.uri}")
+        saved = results.read_json(f"{run}/{INFO_FILE}")
         uri, experiment = saved["tracking_uri"], saved["experiment"]
     else:
-        run_dir = root / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     quiet_logs(verbose)
     # Everything that can fail does so before anything is created: no store, no results folder.
     check_store(uri, create=True)  # a server that does not answer, a damaged database: before Ray starts
     with GracefulStop() as stop:
         try:
-            return _run(spec, spec_path, run_dir, uri, experiment, saved if resume else None, address, verbose, stop)
+            return _run(
+                spec, spec_path, results, run, uri, experiment, saved if resume else None, address, verbose, stop
+            )
         except KeyboardInterrupt:  # a second signal, or one before Ray Tune ran
             ray.shutdown()
             raise
 
 
-def _run(spec, spec_path, run_dir, uri, experiment, saved, address, verbose, stop):
+def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose, stop):
     resume = saved is not None
     how = init_ray(address, verbose)
     stop.install()
     check_resources(spec)
     store = Store(uri, experiment)
-    info_file = run_dir / "stabray_sweep.json"
+    info_file = f"{run}/{INFO_FILE}"
+    run_dir = results.run_uri(run)
     if resume:
         for run_id in (saved["parent_run_id"], *saved["groups"].values()):
             store.reopen(run_id)  # KILLED by the interrupt that --resume now continues
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
         from stabray.tune.summary import sweep_description, sweep_params, view_columns
 
         saved = {
             "parent_run_id": store.start_parent(
-                spec.name, run_dir.name, spec.model_dump(), sweep_params(spec), sweep_description(spec)
+                spec.name, run, spec.model_dump(), sweep_params(spec), sweep_description(spec)
             ),
             "tracking_uri": uri,
             "experiment": experiment,
             "spec": str(spec_path),
             "groups": {},
         }
-        info_file.write_text(json.dumps(saved))
+        results.write_json(info_file, saved)
         store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.metric}")
     parent = saved["parent_run_id"]
     info = {
         "tracking_uri": uri,
         "experiment": experiment,
         "parent_run_id": parent,
-        "run_dir": str(run_dir),
+        "run_dir": run_dir,
         "ray": how,
         "complete": True,
         "groups": saved["groups"],  # method -> MLflow group run (multi-method sweeps)
     }
     print(f"stabray: {how}\n  results:  {run_dir}\n  MLflow:   {uri} (experiment {experiment!r})", flush=True)
     try:
-        grids = _fit_all(spec, run_dir, uri, experiment, saved, info_file, store, resume, verbose, stop, info)
+        grids = _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info)
     except KeyboardInterrupt:  # a second signal: Ray Tune may not have saved its state
         store.kill_running({parent, *saved["groups"].values()})
         raise
@@ -368,24 +386,24 @@ def _run(spec, spec_path, run_dir, uri, experiment, saved, address, verbose, sto
     return (CombinedGrid(grids) if spec.methods else grids[0] if grids else None), info
 
 
-def _fit_all(spec, run_dir, uri, experiment, saved, info_file, store, resume, verbose, stop, info) -> list:
+def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info) -> list:
     """Tuner.fit() per method (one for a one-method sweep) until all ran or a signal came."""
     from stabray.spec import method_specs
 
     parent = saved["parent_run_id"]
     grids = []
     for label, sub in method_specs(spec):
-        sub_dir = run_dir if label is None else run_dir / label
+        sub_run = run if label is None else f"{run}/{label}"
         group = parent
         if label is not None:  # MLflow groups a multi-method sweep's trials under one run per method
             group = saved["groups"].get(label)
             if group is None:
                 group = saved["groups"][label] = store.start_group(parent, label)
-                info_file.write_text(json.dumps(saved))
+                results.write_json(info_file, saved)
             print(f"stabray: method {label} ({sub.search.num_samples} trials)", flush=True)
-        if resume and (sub_dir / "tuner.pkl").exists():
+        if resume and results.exists(f"{sub_run}/tuner.pkl"):
             # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
-            tuner = make_tuner(sub, sub_dir, None, resume=True)
+            tuner = make_tuner(sub, results, sub_run, None, resume=True)
         else:
             searched = [space_path(k) for k in sub.search.space]
             cb = MLflowTuneCallback(uri, experiment, group, searched)
@@ -393,7 +411,7 @@ def _fit_all(spec, run_dir, uri, experiment, saved, info_file, store, resume, ve
             console = (
                 None if verbose else SweepConsole(title, sub.search.num_samples, sub.train.epochs, searched, cb.name_of)
             )
-            tuner = make_tuner(sub, sub_dir, cb, resume=False, console=console, verbose=verbose)
+            tuner = make_tuner(sub, results, sub_run, cb, resume=False, console=console, verbose=verbose)
         with stop.in_fit():
             grid = tuner.fit()
         grids.append(grid)
@@ -421,8 +439,9 @@ def run_configs(
     quiet_logs(False)
     store = Store(uri, experiment)
     init_ray()
-    run_dir = Path(storage or "stabray_runs").absolute() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    parent = store.start_parent(name, run_dir.name, {"configs": configs})
+    results = open_storage(storage)
+    run = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parent = store.start_parent(name, run, {"configs": configs})
     cb = MLflowTuneCallback(uri, experiment, parent)
     epochs = max(int(c.get("train", {}).get("epochs") or 1) for c in configs)
     console = SweepConsole(f"{experiment} {name}", len(configs), epochs, namer=cb.name_of)
@@ -431,8 +450,8 @@ def run_configs(
         param_space={BUNDLE: tune.grid_search([copy.deepcopy(c) for c in configs])},
         tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=trial_name, reuse_actors=True),
         run_config=tune.RunConfig(
-            name=run_dir.name,
-            storage_path=str(run_dir.parent),
+            name=run,
+            storage_path=results.uri,
             callbacks=[cb, console, *ray_loggers()],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=0,
