@@ -22,3 +22,46 @@ def tiny_model():
 @pytest.fixture
 def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("cache"))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """An S3 server (moto) on 127.0.0.1 with a fresh bucket. The AWS variables, set here and in `s3.env`
+    for subprocesses, point boto3, pyarrow (Ray Tune's storage) and MLflow at it and nowhere else."""
+    import uuid
+    from types import SimpleNamespace
+
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,  # boto3 and pyarrow
+        "MLFLOW_S3_ENDPOINT_URL": endpoint,  # MLflow's S3 artifact store
+        "AWS_EC2_METADATA_DISABLED": "true",  # no credential lookups outside this machine
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    bucket = f"stabray-{uuid.uuid4().hex[:8]}"  # moto's state lives as long as the test process
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    try:
+        yield SimpleNamespace(endpoint=endpoint, bucket=bucket, env=env, client=client)
+    finally:
+        server.stop()

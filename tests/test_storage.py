@@ -1,0 +1,183 @@
+"""What a resume needs: results in a local folder or S3 (a moto server on 127.0.0.1), an Optuna study
+that survives the loss of every local file through Ray Tune's searcher checkpoint, a concurrency limit
+that remembers its running trials, and MLflow runs of trials Ray lost with a killed driver."""
+
+import pickle
+import shutil
+
+import pytest
+
+from stabray.errors import UserError
+from stabray.tune.storage import INFO_FILE, open_storage
+
+
+def test_s3_storage_finds_the_latest_run_and_round_trips_json(s3, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    st = open_storage(f"s3://{s3.bucket}/runs/")
+    assert st.remote and st.uri == f"s3://{s3.bucket}/runs"
+    assert st.latest_run("sw") is None  # nothing there yet: an empty prefix is not an error
+    for run, n in (("sw-20260101-000000", 1), ("sw-20260102-000000", 2), ("sw2-20270101-000000", 3)):
+        st.write_json(f"{run}/{INFO_FILE}", {"n": n})
+    assert st.runs("sw") == ["sw-20260101-000000", "sw-20260102-000000"]  # not sw2's
+    assert st.latest_run("sw") == "sw-20260102-000000"
+    assert st.read_json(f"sw-20260102-000000/{INFO_FILE}") == {"n": 2}
+    assert st.exists(f"sw-20260101-000000/{INFO_FILE}") and not st.exists("sw-20260101-000000/tuner.pkl")
+    keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="runs/")["Contents"]]
+    assert f"runs/sw-20260102-000000/{INFO_FILE}" in keys  # really in the bucket
+    assert st.run_uri("sw-20260102-000000") == f"s3://{s3.bucket}/runs/sw-20260102-000000"
+    assert st.local_dir("sw-20260102-000000") == tmp_path / "stabray_runs" / "sw-20260102-000000"
+    assert not (tmp_path / "stabray_runs").exists()  # nothing written locally
+
+
+def test_local_storage_is_the_folder(tmp_path):
+    st = open_storage(str(tmp_path / "runs"))
+    assert not st.remote and st.uri == str(tmp_path / "runs")
+    st.write_json(f"a-20260101-000000/{INFO_FILE}", {"x": 1})
+    assert (tmp_path / "runs" / "a-20260101-000000" / INFO_FILE).exists()
+    assert st.latest_run("a") == "a-20260101-000000"
+    assert st.local_dir("a-20260101-000000") == tmp_path / "runs" / "a-20260101-000000"
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match="a file, not a directory"):
+        open_storage(str(tmp_path / "f"))
+
+
+def test_missing_bucket_fails_before_anything_starts(s3):
+    with pytest.raises(UserError, match="there is no bucket 'no-such-bucket-21'"):
+        open_storage("s3://no-such-bucket-21/runs")
+
+
+def make_searcher(db):
+    import optuna
+    from ray import tune
+
+    from stabray.tune.search import DurableOptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s = DurableOptunaSearch(
+        db=db, metric="val_acc", mode="max", sampler=optuna.samplers.TPESampler(seed=0), study_name="sweep-1"
+    )
+    space = {"train": {"lr": tune.loguniform(1e-4, 1e-2)}, "method": {"bits": tune.choice([2, 4, 32])}}
+    return s, space
+
+
+def run_trials(s, space, ids, done):
+    """Suggest `ids`; report one epoch each; complete those in `done` (val_acc = 0.1 * index)."""
+    configs = {}
+    for i, tid in enumerate(ids):
+        configs[tid] = s.suggest(tid)
+        s.on_trial_result(tid, {"val_acc": 0.05 * i, "training_iteration": 1})
+        if tid in done:
+            s.on_trial_complete(tid, {"val_acc": 0.1 * i, "training_iteration": 2})
+    return configs
+
+
+def restored(db, space, ckpt):
+    """What Tuner.restore does with a searcher: unpickle it from the Tuner's pickle (made before the
+    sweep ran), set the search space, then restore the searcher checkpoint."""
+    s, _ = make_searcher(db)
+    s = pickle.loads(pickle.dumps(s))
+    s.set_search_properties("val_acc", "max", space)
+    s.restore(str(ckpt))
+    return s
+
+
+def study_rows(study):
+    return [(t.number, t.state.name, t.value, t.params) for t in study.get_trials(deepcopy=False)]
+
+
+def test_optuna_study_survives_losing_its_sqlite_file(tmp_path):
+    """The checkpoint (which Ray Tune keeps in the storage) rebuilds the study when every local file is gone."""
+    db = tmp_path / "local" / "sweep-1" / "optuna.db"
+    s, space = make_searcher(db)
+    s.set_search_properties("val_acc", "max", space)
+    configs = run_trials(s, space, ["t0", "t1", "t2"], done={"t0", "t1"})
+    before = study_rows(s._ot_study)
+    ckpt = tmp_path / "storage" / "searcher-state.pkl"
+    ckpt.parent.mkdir()
+    s.save(str(ckpt))
+    shutil.rmtree(tmp_path / "local")  # the driver's disk is gone
+
+    r = restored(db, space, ckpt)
+    assert db.exists()  # the working copy is back, for optuna-dashboard
+    assert study_rows(r._ot_study) == before  # same trials, states, values and params
+    assert [t.state.name for t in r._ot_study.trials] == ["COMPLETE", "COMPLETE", "RUNNING"]
+    # the running trial continues and completes; the sampler goes on with the study's history
+    r.on_trial_result("t2", {"val_acc": 0.3, "training_iteration": 2})
+    r.on_trial_complete("t2", {"val_acc": 0.4, "training_iteration": 3})
+    new = r.suggest("t3")
+    assert new["method"]["bits"] in (2, 4, 32) and new not in configs.values()
+    rows = study_rows(r._ot_study)
+    assert [(n, state, v) for n, state, v, _ in rows] == [
+        (0, "COMPLETE", 0.0),
+        (1, "COMPLETE", 0.1),
+        (2, "COMPLETE", 0.4),
+        (3, "RUNNING", None),
+    ]
+    assert r._ot_study.trials[2].intermediate_values == {1: 0.1, 2: 0.3}
+
+
+def test_optuna_study_keeps_a_newer_sqlite_file_and_fails_its_orphans(tmp_path):
+    """Local resume: the sqlite file is further along than the checkpoint (a trial started after Ray's
+    last experiment checkpoint); it is kept, and that trial, which no one will finish, is FAIL."""
+    db = tmp_path / "run" / "optuna.db"
+    s, space = make_searcher(db)
+    s.set_search_properties("val_acc", "max", space)
+    run_trials(s, space, ["t0", "t1"], done={"t0"})
+    ckpt = tmp_path / "searcher-state.pkl"
+    s.save(str(ckpt))
+    run_trials(s, space, ["t2"], done=set())  # after the checkpoint, then the driver dies
+    r = restored(db, space, ckpt)
+    assert [t.state.name for t in r._ot_study.trials] == ["COMPLETE", "RUNNING", "FAIL"]
+    r.on_trial_complete("t1", {"val_acc": 0.7, "training_iteration": 2})
+    assert r._ot_study.trials[1].value == 0.7
+
+
+def test_limiter_checkpoint_keeps_the_running_trials(tmp_path):
+    """After a restore the trials that were running still count against max_concurrent, and their
+    completion reaches Optuna (Ray's ConcurrencyLimiter saves neither)."""
+    from stabray.tune.search import DurableLimiter
+
+    s, space = make_searcher(tmp_path / "run" / "optuna.db")
+    lim = DurableLimiter(s, max_concurrent=2)
+    before_fit = pickle.dumps(lim)
+    lim.set_search_properties("val_acc", "max", space)
+    assert lim.suggest("t0") and lim.suggest("t1")
+    assert lim.suggest("t2") is None  # two running: the limit
+    ckpt = tmp_path / "searcher-state.pkl"
+    lim.save(str(ckpt))
+    shutil.rmtree(tmp_path / "run")
+
+    r = pickle.loads(before_fit)
+    r.set_search_properties("val_acc", "max", space)
+    r.restore(str(ckpt))
+    assert r.suggest("t2") is None  # t0 and t1 are still running
+    r.on_trial_complete("t0", {"val_acc": 0.9, "training_iteration": 1})
+    trial0 = r.searcher._ot_study.trials[0]
+    assert (trial0.state.name, trial0.value) == ("COMPLETE", 0.9)
+    assert r.suggest("t2") is not None
+
+
+def test_runs_of_trials_ray_lost_are_marked_and_left_out(tmp_path):
+    """A driver killed after a trial's run was created but before Ray saved the trial: on resume Ray
+    does not know that trial, so its still-RUNNING run is ended KILLED, renamed, tagged lost, and left
+    out of the sweep's trials; the runs of the trials Ray restored are untouched."""
+    from types import SimpleNamespace
+
+    from stabray.tracking import Store
+    from stabray.tune.callbacks import MLflowTuneCallback
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store = Store(uri, "lost")
+    parent = store.start_parent("lost", "lost-1", {})
+    cfg = {"task": {"name": "dijkstra"}, "method": {"name": "alg1"}}
+    ids = {t: store.start_child(parent, t, f"run-{t}", {"lr": 0.001}, {}, cfg) for t in ("kept", "done", "gone")}
+    store.end(ids["done"], "FINISHED")
+    cb = pickle.loads(pickle.dumps(MLflowTuneCallback(uri, "lost", parent)))  # as Tuner.restore gets it
+    cb.on_step_begin(0, [SimpleNamespace(trial_id="kept"), SimpleNamespace(trial_id="done")])
+    cb.on_step_begin(1, [])  # only once per session: later steps change nothing
+    runs = {t: store.client.get_run(r) for t, r in ids.items()}
+    assert [runs[t].info.status for t in ("kept", "done", "gone")] == ["RUNNING", "FINISHED", "KILLED"]
+    assert runs["gone"].data.tags["stabray.lost"] == "true" and runs["gone"].info.run_name == "run-gone (lost)"
+    assert "stabray.lost" not in runs["kept"].data.tags
+    records, _ = store.trial_records(stability=False, parents={parent})
+    assert sorted(r.trial_id for r in records) == ["done", "kept"]
