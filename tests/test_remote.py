@@ -177,7 +177,8 @@ def test_s3_results_resume_from_s3_alone(tmp_path, s3):
         assert all(r.info.status == "KILLED" and r.info.run_name.endswith(" (lost)") for r in lost)
         tids = [r.data.tags["stabray.trial_id"] for r in after]
         assert len(after) == 3 and len(set(tids)) == 3, tids  # no duplicate run for a trial
-        assert all(r.info.status == "FINISHED" for r in after)
+        states = [(r.info.run_name, r.info.status, r.data.tags.get("stabray.error", "")[-300:]) for r in runs]
+        assert all(r.info.status == "FINISHED" for r in after), (states, res.stdout[-2000:])
         for r in after:  # each epoch exactly once, none missing (the killed trial resumed, not restarted)
             assert epochs_logged(uri, r.info.run_id) == [1, 2, 3]
 
@@ -202,7 +203,11 @@ def test_s3_results_resume_from_s3_alone(tmp_path, s3):
         assert len(runs) == 1
         run = runs.pop()
         assert f"runs/{run}/stabray_sweep.json" in keys(f"runs/{run}/")
-        assert len({k.split("/")[2] for k in keys(f"runs/{run}/trial_")}) == 3
+        folders = {k.split("/")[2] for k in keys(f"runs/{run}/trial_")}
+        assert {f"trial_{t}" for t in tids} <= folders and len(folders) <= 3 + len(lost)
+        for t in tids:  # every epoch's checkpoint kept on S3 (none deleted under a state that points to it)
+            ckpts = {k.split("/")[3] for k in keys(f"runs/{run}/trial_{t}/checkpoint_")}
+            assert len(ckpts) == 3, ckpts
 
         # The Optuna study, rebuilt from S3 on resume: every trial complete, with the values MLflow has.
         study = optuna.load_study(study_name=run, storage=f"sqlite:///{work / 'stabray_runs' / run / 'optuna.db'}")

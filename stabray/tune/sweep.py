@@ -197,6 +197,15 @@ def check_resources(spec: SweepSpec) -> None:
         print(f"stabray: each trial asks for {', '.join(later)}; the autoscaler adds nodes for the trials", flush=True)
 
 
+def checkpoints_to_keep(storage: Storage) -> int | None:
+    """Checkpoints kept per trial: the last one on a local disk; every epoch's in an object store.
+    Ray deletes a trial's older checkpoint as soon as it registers a newer one, before the experiment
+    state that points to the newer one is uploaded: a driver killed in between (seconds on S3) leaves a
+    state whose checkpoint is gone, and the resumed trial fails ("does not exist on storage anymore").
+    A checkpoint holds what trains (LoRA adapters for a pretrained model) and the optimizer state."""
+    return None if storage.remote else 1
+
+
 def make_tuner(
     spec: SweepSpec,
     storage: Storage,
@@ -264,7 +273,7 @@ def make_tuner(
             name=run.rsplit("/", 1)[-1],
             storage_path=storage.run_uri(run).rsplit("/", 1)[0],
             callbacks=[c for c in (callback, console) if c is not None] + ray_loggers(),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_to_keep(storage)),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
             verbose=1 if verbose else 0,  # 0: our console view instead of Ray's status tables
             log_to_file=not verbose,  # each trial's stdout/stderr into files, copied into its directory:
