@@ -281,6 +281,17 @@ def trial_results(runs: Path) -> dict[str, list[dict]]:
     return out
 
 
+def raylets(temp: str) -> int:
+    """Raylet processes in the fake cluster's process group: one per live node, the head's included."""
+    out = 0
+    for pid in fake_cluster().processes(temp):
+        try:
+            out += Path(f"/proc/{pid}/comm").read_text().strip() == "raylet"
+        except OSError:
+            pass  # ended meanwhile
+    return out
+
+
 def test_fake_autoscaling_cluster_runs_gpu_trials_and_survives_a_lost_worker(tmp_path):
     """cluster.local.yaml started as a user would (scripts/fake_cluster.py): the head alone, then GPU
     workers launched by the autoscaler for a sweep with `resources: {gpu: 1}` per trial, one worker
@@ -300,6 +311,8 @@ def test_fake_autoscaling_cluster_runs_gpu_trials_and_survives_a_lost_worker(tmp
             lambda: (t := fc.status(address)) and fc.active_nodes(t) and t, 300, "the autoscaler's status", every=3
         )
         assert fc.active_nodes(seen["before"]) == {"ray.head.default": 1}, seen["before"]
+        procs = {"before": raylets(temp)}  # phase -> raylet processes (nodes actually running)
+        assert procs["before"] == 1
         epochs = 6
         spec = spec_file(
             tmp_path,
@@ -331,7 +344,7 @@ def test_fake_autoscaling_cluster_runs_gpu_trials_and_survives_a_lost_worker(tmp
                 text = fc.status(address)
                 workers = fc.active_nodes(text).get("gpu_worker", 0)
                 if workers > most_workers:
-                    most_workers, seen["during"] = workers, text
+                    most_workers, seen["during"], procs["during"] = workers, text, raylets(temp)
                 last_status = time.time()
             if killed is None:  # a spot node lost mid-trial: kill a node (raylet and workers) while its trial runs
                 for trial, rows in trial_results(runs).items():
@@ -377,15 +390,22 @@ def test_fake_autoscaling_cluster_runs_gpu_trials_and_survives_a_lost_worker(tmp
         assert results[trial][-1]["node_id"] != node  # the lost node's trial finished on another worker
         assert results[trial][-1]["training_iteration"] == epochs
 
-        # Idle workers go away (idle_timeout_minutes: 1 in cluster.local.yaml).
+        # Idle workers go away (idle_timeout_minutes: 1 in cluster.local.yaml): in the autoscaler's view and
+        # as processes (only the head's raylet left), not just dropped from the autoscaler's list.
         seen["after"] = wait_for(
             lambda: (t := fc.status(address)) and fc.active_nodes(t) == {"ray.head.default": 1} and t,
             600,
             "the idle workers to be removed",
             every=10,
         )
+        wait_for(lambda: raylets(temp) == 1, 120, "the removed workers' raylets to end", every=2)
+        procs["after"] = raylets(temp)
         t_down = time.time()
-        report = "\n".join(f"[fake cluster] {phase}: {fc.active_nodes(text)}" for phase, text in seen.items()) + (
+        report = "\n".join(
+            f"[fake cluster] {phase}: {fc.active_nodes(text)}, raylet processes {procs.get(phase)}"
+            for phase, text in seen.items()
+        ) + (
+            f"\n[fake cluster] trials ran on workers {sorted(n[-5:] for n in nodes)}"
             f"\n[fake cluster] killed worker {killed[1][-5:]} while {killed[0]} was at epoch {killed[2]}"
             f"\n[fake cluster] start + sweep {t_sweep - t_start:.0f} s, scale-down {t_down - t_sweep:.0f} s"
         )
