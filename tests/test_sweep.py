@@ -186,3 +186,36 @@ def test_sample_points_cover_what_a_distribution_can_produce():
     assert pts["a"] == list(range(1, 9))  # every integer, both ends included
     assert len(pts["b"]) == MAX_ENUMERATED and pts["b"][0] == 0 and pts["b"][-1] == 10 * MAX_ENUMERATED
     assert pts["c"] == pytest.approx([0.2, 0.4, 0.6]) and pts["d"] == pytest.approx([1e-4, 1e-3, 1e-2])
+
+
+PAPER_TASKS = {  # the paper's seven evaluations (Table 1) and their sizes (section 4)
+    "dijkstra": ("n_nodes", 10),
+    "bellman_ford": ("n_nodes", 10),
+    "mst_prim": ("n_nodes", 10),
+    "bfs": ("n_nodes", 10),
+    "dfs": ("n_nodes", 10),
+    "lego_cyclic": ("n_vars", 8),
+    "lego_symmetry": ("n_vars", 8),
+}
+
+
+@pytest.mark.parametrize("task", sorted(PAPER_TASKS))
+def test_paper_spec_has_the_papers_settings(task):
+    """sweeps/paper/<task>.yaml: the paper's sizes, 2,000 fixed training examples, LoRA rank 16-64,
+    lr within 1e-5 .. 4e-5, lambda in {0.1, 0.2, 0.5, 1}, bits 1-4 and 32, one GPU per trial."""
+    from stabray.spec import load_spec
+
+    spec, path = load_spec(f"paper/{task}")
+    assert path == SWEEPS / "paper" / f"{task}.yaml"
+    field, size = PAPER_TASKS[task]
+    assert spec.task.name == task and spec.task.params[field] == size
+    assert spec.task.train_size == 2000 and spec.task.resample_train is False
+    assert spec.model.pretrained and spec.model.lora is not None
+    space = spec.search.space
+    assert sorted(space["lam"].choice) == [0.1, 0.2, 0.5, 1.0]
+    assert sorted(space["bits"].choice) == [1, 2, 3, 4, 32]
+    lo, hi = space["lr"].loguniform
+    assert 1e-5 <= lo < hi <= 4e-5
+    assert sorted(space["lora_rank"].choice) == [16, 32, 64]
+    assert spec.resources.gpu == 1
+    assert "long_sizes" not in spec.task.params  # the paper's +10% / +20% sizes
