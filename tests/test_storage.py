@@ -181,3 +181,21 @@ def test_runs_of_trials_ray_lost_are_marked_and_left_out(tmp_path):
     assert "stabray.lost" not in runs["kept"].data.tags
     records, _ = store.trial_records(stability=False, parents={parent})
     assert sorted(r.trial_id for r in records) == ["done", "kept"]
+
+
+def test_a_tracking_server_that_never_answers_is_unreachable_within_the_timeout():
+    """A server that accepts the connection and then says nothing (a hung MLflow, a wrong port
+    behind a proxy): a UserError naming the URI after REACH_TIMEOUT_S, not MLflow's minutes of retries."""
+    import socket
+
+    from stabray.tracking.store import check_store
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)  # the kernel completes the handshake; nobody ever reads or writes
+    uri = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    try:
+        with pytest.raises(UserError, match=f"cannot reach the MLflow tracking server at {uri} .*timed out"):
+            check_store(uri, create=True)
+    finally:
+        srv.close()

@@ -58,7 +58,7 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-REACH_TIMEOUT_S = 5.0  # how long a tracking server may take to answer before we call it unreachable
+REACH_TIMEOUT_S = 3.0  # how long a tracking server may take to answer before we call it unreachable
 
 
 def check_store(uri: str, *, create: bool) -> None:
