@@ -40,27 +40,38 @@ def _encode(enc, exs):
 
 def _dense_blocks(model, e, aggregation, cap):
     """Each (i, t)'s norm from the dense Jacobian (torch.autograd.functional.jacobian +
-    matrix_norm(ord=2)): the whole block, or the mean over token pairs of the d x d blocks."""
-    pr = probes_of(e, cap, aggregation, False)
+    matrix_norm(ord=2)) of the whole sequence, with the blocks written here from the encoding alone:
+    input = every token of step i, output = the positions predicting the first `cap` tokens of block t
+    (a step or the final answer without EOS). `block`: the whole block; `token_mean`: the mean over
+    token pairs of the d x d blocks."""
+    spans = [*e.step_spans, (e.final_span[0], e.final_span[1] - 1)]  # blocks 1..T
     E = embedding_matrix(model)
+    L = len(e.input_ids)
     with measuring(model):
-        x = E[torch.tensor(e.input_ids[: pr.length])][None]
-        keep = pr.length - min(o[0] for o in pr.outs)
-        J = torch.autograd.functional.jacobian(expected_embedding_fn(model, keep), x, vectorize=True)[
-            0, :, :, 0
-        ]  # (keep,d,L,d)
-    out = {}
-    for key, ins, outs in zip(pr.keys, pr.ins, pr.outs):
-        oo = [o - (pr.length - keep) for o in outs]
-        blk = J[oo][:, :, ins].reshape(len(oo) * J.shape[1], len(ins) * J.shape[3])
-        out.setdefault(key[:2], []).append(float(torch.linalg.matrix_norm(blk, ord=2)))
-    return {k: sum(v) / len(v) for k, v in out.items()}
+        x = E[torch.tensor(e.input_ids)][None]
+        J = torch.autograd.functional.jacobian(expected_embedding_fn(model, L), x, vectorize=True)[0, :, :, 0]
+    out = {}  # J: (L, d, L, d) = d output at position p / d input at position q
+    for i in range(1, len(spans)):
+        for t in range(i + 1, len(spans) + 1):
+            ins = list(range(*spans[i - 1]))
+            outs = [p - 1 for p in range(*spans[t - 1])][:cap]
+            if aggregation == "block":
+                blk = J[outs][:, :, ins].reshape(len(outs) * J.shape[1], len(ins) * J.shape[3])
+                out[(i, t)] = float(torch.linalg.matrix_norm(blk, ord=2))
+            else:
+                norms = [float(torch.linalg.matrix_norm(J[b, :, a], ord=2)) for a in ins for b in outs]
+                out[(i, t)] = sum(norms) / len(norms)
+    return out
 
 
-@pytest.mark.parametrize("aggregation,cap", [("block", 8), ("token_mean", 2)])
+@pytest.mark.parametrize("aggregation,cap", [("block", 8), ("block", 3), ("token_mean", 2)])
 def test_power_iteration_matches_dense_jacobian(setup, aggregation, cap):
+    """Steps longer than the cap (4-node steps are 6 tokens): the whole input step is differentiated,
+    only the output side is capped."""
     exs, enc, model = setup
     e = _encode(enc, exs[:1])[0]
+    longest = max(b - a for a, b in e.step_spans)
+    assert cap == 8 or longest > cap  # the capped cases really cut the output side
     res = estimate_eaf(model, [e], iters=50, token_cap=cap, aggregation=aggregation)
     dense = _dense_blocks(model, e, aggregation, cap)
     assert dense and min(dense.values()) > 1e-6

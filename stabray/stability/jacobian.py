@@ -24,9 +24,12 @@ Defaults and why:
 - `iters=10`: the paper's setting; with a warm start (`EAFTracker`) 3 iterations per epoch are
   enough because the top singular vector moves little between epochs (`EAFTracker.warm_iters`).
   The dense-oracle test uses 50 iterations to reach 1% on a cold start.
-- `token_cap=8`: at most the first 8 tokens of each block enter both sides of J, as in the
-  paper's code; a step's first tokens carry its content, and the cap bounds cost and makes steps
-  of different lengths comparable.
+- `token_cap=8`: the OUTPUT side of J_i^(t) is the first 8 tokens of block t, as in the paper's
+  code (its `--max_target_tokens_for_jacobian 8`); the INPUT side is every token of block i: the
+  paper aggregates over the tokens of a step, and an uncapped input side perturbs the whole step
+  (at 10 nodes a Dijkstra step is 12 tokens, so a capped input would never perturb a third of it).
+  Cost: the tangents grow with the input block's length; the forward and backward passes, which
+  dominate, do not (benchmarks/bench_eaf.py).
 - `aggregation="block"`: one spectral norm of the whole (tokens x hidden) block, the quantity
   Lemma 3.1 uses (J_i^(t) maps the whole step y^(i) to the whole output for step t).
   `"token_mean"` is the mean over (input token, output token) pairs of the d x d per-token
@@ -138,11 +141,19 @@ def prefix_kv(model, x_prefix: torch.Tensor):
 # ---------------------------------------------------------------- blocks and probes
 
 
-def blocks_of(enc: Encoded, token_cap: int) -> list[list[int]]:
-    """Token positions of block 0 (question), 1..n (steps), T (final answer without EOS), capped."""
-    q0 = max(1, enc.prompt_len - token_cap)  # the question's last tokens (skips BOS); steps: first
+def input_blocks(enc: Encoded) -> list[list[int]]:
+    """Token positions of block 0 (the whole question, BOS skipped), 1..n (each whole step) and T
+    (the final answer without EOS): the input side of J, never capped."""
     spans = [*enc.step_spans, (enc.final_span[0], enc.final_span[1] - 1)]
-    return [list(range(q0, enc.prompt_len)), *(list(range(a, b))[:token_cap] for a, b in spans)]
+    return [list(range(min(1, enc.prompt_len), enc.prompt_len)), *(list(range(a, b)) for a, b in spans)]
+
+
+def blocks_of(enc: Encoded, token_cap: int) -> list[list[int]]:
+    """Token positions of blocks 0..T on the OUTPUT side of J: the first `token_cap` tokens of each
+    step and of the final answer (block 0, the question, is never an output and is kept whole).
+    The per-step errors eps_t / r_t are measured on these same tokens."""
+    blocks = input_blocks(enc)
+    return [blocks[0], *(b[:token_cap] for b in blocks[1:])]
 
 
 @dataclass
@@ -156,26 +167,32 @@ class _Probes:
     length: int  # tokens needed: last output position + 1
 
 
-def probes_of(enc: Encoded, token_cap: int, aggregation: str, include_question: bool) -> _Probes:
-    blocks = blocks_of(enc, token_cap)
-    T = len(blocks) - 1
+def probes_of(
+    enc: Encoded, token_cap: int, aggregation: str, include_question: bool, max_t: int | None = None
+) -> _Probes:
+    """The (i, t) probes of one example: input = every token of block i, output = the positions
+    predicting the first `token_cap` tokens of block t. `max_t` keeps only t <= max_t (a chain
+    evaluated at a fixed T needs no later block)."""
+    ins_b, outs_b = input_blocks(enc), blocks_of(enc, token_cap)
+    T = len(ins_b) - 1
+    last = T if max_t is None else min(T, max_t)
     keys, ins, outs = [], [], []
-    for i in range(0 if include_question else 1, T):
-        for t in range(i + 1, T + 1):
-            if not blocks[i] or not blocks[t]:
+    for i in range(0 if include_question else 1, last):
+        for t in range(i + 1, last + 1):
+            if not ins_b[i] or not outs_b[t]:
                 continue
-            pred = [p - 1 for p in blocks[t]]
+            pred = [p - 1 for p in outs_b[t]]
             if aggregation == "block":
                 keys.append((i, t))
-                ins.append(blocks[i])
+                ins.append(ins_b[i])
                 outs.append(pred)
             else:
-                for a in blocks[i]:
+                for a in ins_b[i]:
                     for b in pred:
                         keys.append((i, t, a, b))
                         ins.append([a])
                         outs.append([b])
-    length = blocks[T][-1] if blocks[T] else len(enc.input_ids) - 1
+    length = max((o[-1] + 1 for o in outs), default=len(enc.input_ids) - 1)
     return _Probes(keys, ins, outs, T, length)
 
 
