@@ -74,8 +74,14 @@ class EvalCfg(Strict):
     val_examples: int = Field(0, ge=0)  # 0 = the whole validation split, every epoch
     eaf_examples: int = Field(16, ge=0)  # examples for the per-epoch EAF (0 = off)
     eaf_iters: int = Field(10, ge=1)  # power-iteration steps
-    eaf_token_cap: int = Field(8, ge=1)  # tokens per step block
+    eaf_token_cap: int = Field(8, ge=1)  # output tokens per step block (the input side is the whole step)
     eaf_aggregation: Literal["block", "token_mean"] = "block"
+    # chain of eaf / final_eaf: gold = the method's gold evaluation chain (Method.eval_steps: the chain it
+    # trains on, e.g. Alg. 1's compressed one); generated = the model's own greedy chain and answer
+    eaf_chain: Literal["gold", "generated"] = "gold"
+    # T of the *_at_T final metrics (EAF, sum eps, bound, loss gap from the eq. (4) table): the row at
+    # min(stability_T, T_max); Tables 2-4 of the paper are at T = 5. 0 = T_max
+    stability_T: int = Field(5, ge=0)
     long_splits: list[Literal["test_long", "test_longer"]] = ["test_long", "test_longer"]
     loss_gap: bool = True  # final-answer loss gap on the test split at the end
     decomposition_examples: int = Field(0, ge=0)  # eq. (4) table at the end on this many test examples (0 = off)

@@ -63,7 +63,11 @@ METRICS: dict[str, Metric] = {
         Metric(
             "eaf",
             "epoch",
-            "error amplification factor sum_i rho_i^(T) on the validation examples of eval.eaf_examples",
+            "error amplification factor sum_{i<T} rho_i^(T) at T = T_max on the first eval.eaf_examples validation "
+            "examples, measured on the method's evaluation chain (eval.eaf_chain): gold = the steps the method "
+            "trains the model to write (Alg. 1 / MTP with lam < 1: the floor(lam T) steps of its compressed chain; "
+            "SFT-CoT: every step; Coconut: its latent slots), generated = the model's own greedy chain. Not logged "
+            "for No CoT and Implicit CoT, which answer without a chain (the sum over steps is empty)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
         ),
         Metric(
@@ -112,14 +116,40 @@ METRICS: dict[str, Metric] = {
         Metric(
             "loss_gap",
             "final",
-            "final-answer loss given the model's own chain minus given the correct chain",
+            "test split: final-answer loss (nats/token) given the model's own chain minus given the method's gold "
+            "evaluation chain (Alg. 1 / MTP with lam < 1: the compressed chain; Implicit CoT: the empty chain). "
+            "Not logged for No CoT (both prefixes are the prompt)",
             icl_meaning="infer_loss - tf_loss at T_max",
         ),
         Metric(
             "final_eaf",
             "final",
-            "error amplification factor sum_i rho_i^(T) on test examples, final model",
+            "the eaf measure on the first eval.eaf_examples test examples, final model, same chain (eval.eaf_chain)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on test prompts",
+        ),
+        Metric(
+            "stability_T",
+            "final",
+            "the T of the *_at_T metrics: min(eval.stability_T, T_max of the method's gold evaluation chain)",
+        ),
+        Metric(
+            "test_eaf_at_T",
+            "final",
+            "sum_{i<T} rho_i^(T) at T = stability_T from the eq. (4) table: eval.decomposition_examples test "
+            "examples, the method's gold evaluation chain (Alg. 1 with lam < 1: its compressed chain; Coconut: its "
+            "latent slots at their true values); Table 3's Sigma rho",
+        ),
+        Metric(
+            "test_sum_eps_at_T",
+            "final",
+            "sum_{t<T} eps_t at T = stability_T from the eq. (4) table (per-step error given the gold prefix, same "
+            "chain as test_eaf_at_T); Table 3's Sigma eps",
+        ),
+        Metric("test_bound_at_T", "final", "the eq. (4) bound at T = stability_T (same table and chain)"),
+        Metric(
+            "test_loss_gap_at_T",
+            "final",
+            "|loss given the self-generated prefix - given the gold prefix| of step T = stability_T (same table)",
         ),
         Metric("best_val_acc", "final", "highest val_acc over the epochs run"),
         Metric("best_epoch", "final", "1-based epoch of best_val_acc (the first one on ties)"),

@@ -1,4 +1,6 @@
-"""Algorithm 1's two parts against their formulas: step compression and the QAT quantizer."""
+"""Algorithm 1's two parts against their formulas: step compression (training and the gold
+evaluation chain) and the QAT quantizers (the paper's LSQ quantizer against its formula and LSQ's
+gradients by hand; the fixed-scale ablation)."""
 
 import numpy as np
 import pytest
@@ -8,8 +10,8 @@ from torch import nn
 from stabray.data.splits import draw
 from stabray.errors import UserError
 from stabray.methods import get_method
-from stabray.methods.alg1 import compress_indices, keep_count
-from stabray.methods.qat import apply_qat, quantizable_linears, quantize
+from stabray.methods.alg1 import compress_indices, eval_indices, keep_count
+from stabray.methods.qat import LSQQuantize, apply_qat, lsq_init, lsq_quantize, quantizable_linears, quantize
 from stabray.tasks import get_task
 
 
@@ -48,7 +50,7 @@ def test_full_precision_is_identity():
 def test_ste_passes_gradient_and_quantizes_forward():
     lin = nn.Linear(6, 5, bias=False)
     model = nn.Sequential(lin)
-    assert apply_qat(model, 2, "all_linear") == 1
+    assert apply_qat(model, 2, "all_linear", "fixed") == 1
     x = torch.randn(3, 6)
     w_orig = lin.parametrizations.weight.original
     y = model(x)
@@ -99,3 +101,100 @@ def test_bad_alg1_params(params):
     with pytest.raises(UserError) as e:
         get_method("alg1", **params)
     assert list(params)[0] in str(e.value)
+
+
+# -- the paper's quantizer (LSQ) -------------------------------------------------------------------
+def ref_lsq(w, step, offset, bits):
+    """Q(W) = Delta Round(Clamp((W - b) / Delta, Q_N, Q_P)) + b per row; 1 bit: Delta sign(W - b) + b."""
+    u = w - offset
+    if bits == 1:
+        return np.where(u >= 0, 1.0, -1.0) * step + offset
+    qn, qp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return np.round(np.clip(u / step, qn, qp)) * step + offset
+
+
+def _lsq_case(bits, seed=0):
+    g = torch.Generator().manual_seed(seed + bits)
+    w = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    # the code range is about +-(1..3) standard deviations: some weights clip, most do not
+    step = (0.5 + torch.rand(6, 1, generator=g, dtype=torch.float64)) * 2.0 / 2 ** (bits - 1)
+    offset = 0.1 * torch.randn(6, 1, generator=g, dtype=torch.float64)
+    return w, step, offset
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_lsq_matches_formula(bits):
+    w, step, offset = _lsq_case(bits)
+    q = lsq_quantize(w, step, offset, bits)
+    np.testing.assert_allclose(q.numpy(), ref_lsq(w.numpy(), step.numpy(), offset.numpy(), bits), rtol=0, atol=1e-12)
+    levels = ((q - offset) / step).round()
+    assert all(len(torch.unique(row)) <= 2**bits for row in levels)
+    assert torch.equal(lsq_quantize(w, step, offset, 32), w)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_lsq_gradients_by_hand(bits):
+    """Autograd through lsq_quantize against LSQ's gradients written out: straight-through to w inside
+    the range; step: round(v) - v inside, Q_N / Q_P outside (1 bit: sign(w - b)); offset: 0 inside, 1
+    outside; step and offset gradients times g = 1 / sqrt(in_features * Q_P)."""
+    w, step, offset = _lsq_case(bits, seed=1)
+    w, step, offset = (t.clone().requires_grad_(True) for t in (w, step, offset))
+    G = torch.randn(w.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    (lsq_quantize(w, step, offset, bits) * G).sum().backward()
+
+    W, S, B, Gn = (t.detach().numpy() for t in (w, step, offset, G))
+    v = (W - B) / S
+    qn, qp = (-1, 1) if bits == 1 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    inside = (v >= qn) & (v <= qp)
+    assert 0 < inside.mean() < 1  # both cases occur
+    g = 1 / np.sqrt(W.shape[1] * qp)
+    if bits == 1:
+        dstep = np.where(v >= 0, 1.0, -1.0)
+    else:
+        dstep = np.where(inside, np.round(v) - v, np.where(v < qn, qn, qp))
+    np.testing.assert_allclose(w.grad.numpy(), Gn * inside, atol=1e-12)
+    np.testing.assert_allclose(step.grad.numpy(), g * (Gn * dstep).sum(1, keepdims=True), atol=1e-10)
+    np.testing.assert_allclose(offset.grad.numpy(), g * (Gn * ~inside).sum(1, keepdims=True), atol=1e-10)
+
+
+def test_lsq_init_and_parametrization():
+    w = torch.randn(5, 30, dtype=torch.float64)
+    m = abs(w).mean(1, keepdim=True)
+    torch.testing.assert_close(lsq_init(w, 1), m)
+    torch.testing.assert_close(lsq_init(w, 4), 2 * m / 7**0.5)
+    lin = nn.Linear(30, 5, bias=False).double()
+    apply_qat(nn.Sequential(lin), 3, "all_linear")  # lsq is the default quantizer
+    q = lin.parametrizations.weight[0]
+    assert isinstance(q, LSQQuantize) and {n for n, _ in lin.named_parameters()} == {
+        "parametrizations.weight.original",
+        "parametrizations.weight.0.step",
+        "parametrizations.weight.0.offset",
+    }
+    torch.testing.assert_close(lin.weight, lsq_quantize(lin.parametrizations.weight.original, q.step, q.offset, 3))
+
+
+# -- the gold evaluation chain ---------------------------------------------------------------------
+def test_eval_chain_is_the_compressed_chain():
+    task = get_task("dijkstra", n_nodes=10)
+    exs = [e for e in draw(task, "t", 40, 0, 10) if len(e.steps) >= 6][:10]
+    for strategy in ("random", "drop_first", "drop_last", "equal"):
+        m = get_method("alg1", lam=0.3, strategy=strategy)
+        for ex in exs:
+            k = keep_count(len(ex.steps), 0.3)
+            chain = m.eval_steps(ex)
+            assert len(chain) == k < len(ex.steps)
+            it = iter(ex.steps)
+            assert all(s in it for s in chain)  # a subsequence, in order
+            assert chain == m.eval_steps(ex)  # deterministic
+            if strategy != "random":  # the strategy's own choice, as in training
+                assert chain == m.train_view(ex, 0, np.random.default_rng(5))[1]
+    rnd = get_method("alg1", lam=0.3)
+    picks = {tuple(eval_indices(len(ex.steps), 0.3, "random", ex.question)) for ex in exs}
+    assert len(picks) > 1  # a draw per example (fixed by its question), not one subset for all
+    assert get_method("alg1", lam=0.3, eval_chain="full").eval_steps(exs[0]) == exs[0].steps
+    assert get_method("alg1", lam=1.0).eval_steps(exs[0]) == exs[0].steps
+    assert get_method("mtp", lam=0.3).eval_steps(exs[0]) == rnd.eval_steps(exs[0])
+    with pytest.raises(UserError, match="eval_chain"):
+        get_method("alg1", eval_chain="gold")
+    with pytest.raises(UserError, match="quantizer"):
+        get_method("alg1", quantizer="seq")

@@ -67,6 +67,41 @@ class Encoder:
         return Encoded(tuple(ids), tuple(labels), prompt_len, tuple(spans), (start, len(ids)))
 
 
+def _find(seq: list[int], sub: tuple[int, ...], start: int = 0) -> int:
+    for p in range(start, len(seq) - len(sub) + 1):
+        if sub and tuple(seq[p : p + len(sub)]) == sub:
+            return p
+    return -1
+
+
+def encode_generated(encoder: "Encoder", prompt: str, generated: list[int]) -> Encoded:
+    """The encoding of the model's own answer (token ids after the prompt, EOS removed), with its
+    steps and final answer found as `Encoder.encode` lays them out: the steps are the text before
+    the first FINAL_SEP split on STEP_SEP, the final answer what follows it. An answer that starts
+    with "| " has no steps; one without a separator is all final answer."""
+    ids = encoder.prompt(prompt)
+    prompt_len = len(ids)
+    gen = list(generated)
+    fin, lead, sep = encoder.ids(FINAL_SEP), encoder.ids(FINAL_SEP.lstrip()), encoder.ids(STEP_SEP)
+    spans: list[tuple[int, int]] = []
+    if lead and tuple(gen[: len(lead)]) == lead:
+        final_start = len(lead)
+    elif (f := _find(gen, fin)) >= 0:
+        a = 0
+        while True:
+            b = _find(gen[:f], sep, a)
+            spans.append((prompt_len + a, prompt_len + (b if b >= 0 else f)))
+            if b < 0:
+                break
+            a = b + len(sep)
+        final_start = f + len(fin)
+    else:
+        final_start = 0
+    ids += gen + [encoder.eos]
+    labels = [IGNORE] * prompt_len + ids[prompt_len:]
+    return Encoded(tuple(ids), tuple(labels), prompt_len, tuple(spans), (prompt_len + final_start, len(ids)))
+
+
 def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded training batch: input_ids, attention_mask, labels, each (B, L)."""
     L = max(len(e.input_ids) for e in batch)

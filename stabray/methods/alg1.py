@@ -2,18 +2,29 @@
 
 Compression keeps `max(1, floor(lam * T))` of an example's T intermediate steps, kept in order and
 resampled every epoch from a generator seeded by (trial seed, epoch) (Algorithm 1, line 2 sits
-inside the epoch loop). Evaluation targets are not compressed: the model writes its own chain, then
-the answer, and only the answer is scored. Strategies (the paper's ablations): `random` (the
-method), `drop_first` (keep the last k), `drop_last` (keep the first k), `equal` (k equally spaced).
+inside the epoch loop). Strategies (the paper's ablations): `random` (the method), `drop_first`
+(keep the last k), `drop_last` (keep the first k), `equal` (k equally spaced).
+
+Evaluation. Accuracy scores the final answer after the model's own (compressed) chain. The
+stability quantities (EAF, loss gap, eq. (4), weight noise) are measured on the gold chain the
+model is trained to read and write, not on all T steps (`eval_chain="compressed"`, the default):
+the k = max(1, floor(lam * T)) steps the strategy keeps. `drop_first`, `drop_last` and `equal` keep
+fixed steps anyway; `random` keeps one draw per example from the training distribution itself,
+seeded by the question's text (CRC-32), so every trial, seed and bit-width of a study is measured on
+the same chains, a chain the model has been trained on with the same probability as any other, and
+the paper's reference code does the same (its test answers are subsampled with a fixed seed).
+`eval_chain="full"` measures on every step (a chain a lam < 1 model never saw; for comparison).
 
 QAT fake-quantizes the chosen Linear weights at `bits` (1-4; 32 = off) with straight-through
-gradients (stabray.methods.qat). `noise="gaussian"` replaces quantization by Gaussian weight noise
-of the same per-row RMS as the quantization error (the paper's noise-type ablation), resampled at
-every forward pass in training.
+gradients (stabray.methods.qat): `quantizer="lsq"` (default) is the paper's quantizer with a learned
+per-channel step and offset, `"fixed"` a fixed per-row scale (ablation). `noise="gaussian"` replaces
+quantization by Gaussian weight noise of the same per-row RMS as the fixed quantizer's error (the
+paper's noise-type ablation), resampled at every forward pass in training.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,9 +34,10 @@ from torch.nn.utils import parametrize
 
 from stabray.errors import UserError
 from stabray.methods.base import METHODS, Method
-from stabray.methods.qat import VALID_BITS, apply_qat, quantizable_linears, quantize
+from stabray.methods.qat import QAT_TARGETS, QUANTIZERS, VALID_BITS, apply_qat, quantizable_linears, quantize
 
 STRATEGIES = ("random", "drop_first", "drop_last", "equal")
+EVAL_CHAINS = ("compressed", "full")
 
 
 def keep_count(n_steps: int, lam: float) -> int:
@@ -48,16 +60,30 @@ def compress_indices(n_steps: int, lam: float, strategy: str, rng: np.random.Gen
     raise UserError(f"unknown compression strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
 
 
+def eval_indices(n_steps: int, lam: float, strategy: str, question: str, chain: str = "compressed") -> list[int]:
+    """The steps of the gold evaluation chain (module docstring): the strategy's choice, a `random`
+    draw fixed by the question's text; every step with chain="full"."""
+    if chain == "full":
+        return list(range(n_steps))
+    rng = np.random.default_rng(zlib.crc32(question.encode()))
+    return compress_indices(n_steps, lam, strategy, rng)
+
+
 def check_compression_qat(method: str, p) -> None:
-    """lam, bits, strategy and quantize of a method that compresses chains and quantizes (alg1, mtp)."""
+    """lam, bits, strategy, eval_chain, quantizer and quantize of a method that compresses chains
+    and quantizes (alg1, mtp)."""
     if not 0.0 < p.lam <= 1.0:
         raise UserError(f"method {method!r}: lam must be in (0, 1], got {p.lam}")
     if p.bits not in VALID_BITS:
         raise UserError(f"method {method!r}: bits must be one of {VALID_BITS}, got {p.bits}")
     if p.strategy not in STRATEGIES:
         raise UserError(f"method {method!r}: strategy must be one of {STRATEGIES}, got {p.strategy!r}")
-    if p.quantize not in ("auto", "lora", "base", "all_linear"):
-        raise UserError(f"method {method!r}: quantize must be auto, lora, base or all_linear, got {p.quantize!r}")
+    if p.eval_chain not in EVAL_CHAINS:
+        raise UserError(f"method {method!r}: eval_chain must be one of {EVAL_CHAINS}, got {p.eval_chain!r}")
+    if p.quantizer not in QUANTIZERS:
+        raise UserError(f"method {method!r}: quantizer must be one of {QUANTIZERS}, got {p.quantizer!r}")
+    if p.quantize not in QAT_TARGETS:
+        raise UserError(f"method {method!r}: quantize must be one of {', '.join(QAT_TARGETS)}, got {p.quantize!r}")
 
 
 class GaussianWeightNoise(nn.Module):
@@ -82,7 +108,11 @@ class Alg1Params:
     bits: int = 32  # QAT bit-width: 1, 2, 3, 4 (8, 16 allowed); 32 = full precision
     strategy: str = "random"  # which steps are kept: random | drop_first | drop_last | equal
     noise: str = "quant"  # quant = QAT; gaussian = Gaussian weight noise of matched scale
-    quantize: str = "auto"  # auto (LoRA A/B if LoRA, else all Linear but the head) | lora | base | all_linear
+    quantizer: str = "lsq"  # lsq = the paper's (learned per-channel step and offset) | fixed (fixed per-row scale)
+    # which weights: auto (LoRA A/B if LoRA, else all Linear but the head) | lora | base | all_linear | merged
+    # (LoRA: the merged weight W0 + s B A, as the paper's Q(W^(t)))
+    quantize: str = "auto"
+    eval_chain: str = "compressed"  # gold chain of the stability measures: compressed (trained on) | full
 
 
 @METHODS.register("alg1")
@@ -99,8 +129,10 @@ class Alg1(Method):
         p = self.params
         if p.bits < 32:
             if p.noise == "quant":
-                apply_qat(model, p.bits, p.quantize)
+                apply_qat(model, p.bits, p.quantize, p.quantizer)
             else:
+                if p.quantize == "merged":
+                    raise UserError("method 'alg1': noise='gaussian' perturbs layer weights; quantize='merged' is QAT")
                 for _, mod in quantizable_linears(model, p.quantize):
                     parametrize.register_parametrization(mod, "weight", GaussianWeightNoise(p.bits))
         return model
@@ -108,3 +140,7 @@ class Alg1(Method):
     def train_view(self, ex, epoch, rng):
         idx = compress_indices(len(ex.steps), self.params.lam, self.params.strategy, rng)
         return ex.question, tuple(ex.steps[i] for i in idx)
+
+    def eval_steps(self, ex):
+        p = self.params
+        return tuple(ex.steps[i] for i in eval_indices(len(ex.steps), p.lam, p.strategy, ex.question, p.eval_chain))

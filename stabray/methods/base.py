@@ -95,8 +95,22 @@ class Method:
         return ex.question if self.chain_at_eval else ex.question_nohint
 
     def eval_steps(self, ex: Example) -> tuple[str, ...] | None:
-        """The ground-truth chain the model is scored against for the loss gap and the EAF."""
+        """The gold chain of evaluation: the ground-truth steps the method trains the model to write
+        for this example. Every stability quantity (EAF, loss gap, eq. (4), weight noise) is measured
+        on this chain after `eval_prompt`; None = answer only, () = "| final"."""
         return ex.steps if self.chain_at_eval else None
+
+    # Whether the evaluation chain has intermediate steps (text or latent) for the EAF to sum over.
+    # False (No CoT, Implicit CoT): eq. (4)'s sums over steps are empty, so the EAF and the bound are
+    # 0 by definition, not measured; the runners then log no EAF and no eq. (4) table.
+    steps_at_eval: ClassVar[bool] = True
+
+    def on_train_step(self, step: int, steps_per_epoch: int) -> str | None:
+        """Called by the training loop before it builds the batch of optimizer step `step` (0-based,
+        counted over the whole run). A method with a schedule finer than epochs reads it here.
+        Returns None, "optimizer" (a fresh optimizer, the learning-rate schedule carries on) or
+        "schedule" (a fresh optimizer and a fresh schedule over the remaining steps)."""
+        return None
 
     # Whether the evaluation prompt holds latent thoughts (inputs that are fed-back hidden states,
     # not tokens). The stability measure then treats each latent slot as a step; the eq. (4)

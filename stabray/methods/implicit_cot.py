@@ -67,3 +67,5 @@ class ImplicitCoT(Method):
 
     def eval_steps(self, ex):
         return ()  # "| final": every step internalized
+
+    steps_at_eval = False  # no chain at evaluation: the EAF and eq. (4) are not measured (empty sums)

@@ -19,8 +19,9 @@ logits at position t against the label at t + j, over the positions whose label 
 (`mtp_weight = 1 / (k - 1)` averages them). CE_1 is the model's own next-token loss.
 
 Combinable with Algorithm 1: `lam` / `strategy` compress the chain of thought exactly as alg1 does
-(resampled every epoch), and `bits` fake-quantizes the model's Linear layers (QAT) - applied before
-the heads are attached, so the heads, which inference never uses, stay full precision.
+(resampled every epoch; the stability measures use alg1's compressed gold chain, `eval_chain`), and
+`bits` fake-quantizes the model's Linear layers (QAT, `quantizer`) - applied before the heads are
+attached, so the heads, which inference never uses, stay full precision.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stabray.errors import UserError
-from stabray.methods.alg1 import check_compression_qat, compress_indices
+from stabray.methods.alg1 import check_compression_qat, compress_indices, eval_indices
 from stabray.methods.base import METHODS, Method
 from stabray.methods.qat import apply_qat
 
@@ -87,7 +88,9 @@ class MTPParams:
     lam: float = 1.0  # Algorithm 1 compression: fraction of steps kept (1.0 = all)
     strategy: str = "random"  # which steps are kept: random | drop_first | drop_last | equal
     bits: int = 32  # QAT bit-width of the model's Linear layers (32 = off)
-    quantize: str = "auto"  # QAT target: auto | lora | base | all_linear (see stabray.methods.qat)
+    quantizer: str = "lsq"  # lsq (learned per-channel step and offset) | fixed (stabray.methods.qat)
+    quantize: str = "auto"  # QAT target: auto | lora | base | all_linear | merged (see stabray.methods.qat)
+    eval_chain: str = "compressed"  # gold chain of the stability measures: compressed (as alg1) | full
 
 
 @METHODS.register("mtp")
@@ -106,7 +109,7 @@ class MTP(Method):
 
     def prepare(self, model):
         p = self.params
-        apply_qat(model, p.bits, p.quantize)  # before the heads: they stay full precision
+        apply_qat(model, p.bits, p.quantize, p.quantizer)  # before the heads: they stay full precision
         hidden = model.get_output_embeddings().weight.shape[1]
         n_states = model.config.num_hidden_layers + 1  # embeddings + one per block
         if not -n_states <= p.from_layer < n_states:
@@ -121,6 +124,10 @@ class MTP(Method):
     def train_view(self, ex, epoch, rng):
         idx = compress_indices(len(ex.steps), self.params.lam, self.params.strategy, rng)
         return ex.question, tuple(ex.steps[i] for i in idx)
+
+    def eval_steps(self, ex):  # the compressed gold chain, as Algorithm 1 (stabray.methods.alg1)
+        p = self.params
+        return tuple(ex.steps[i] for i in eval_indices(len(ex.steps), p.lam, p.strategy, ex.question, p.eval_chain))
 
     def losses(self, model, batch) -> list[torch.Tensor]:
         """[CE_1, CE_2, ..., CE_k] of one batch (CE_1 = next-token loss)."""

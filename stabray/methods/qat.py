@@ -1,26 +1,63 @@
 """Quantization-aware training: weights fake-quantized in the forward pass, straight-through
 gradients (docs/design.md, "Quantization-aware training").
 
-Uniform, symmetric, one scale per output channel (row of W):
+`quantizer="lsq"` (the default): the paper's quantizer (§4, after its ref. [79]),
+
+    Q(W) = Delta * Round(Clamp((W - b) / Delta, Q_N, Q_P)) + b
+
+(the paper prints Clamp(W - b, W_min, W_max) / Delta with W_min = Delta Q_N, W_max = Delta Q_P: the
+same map), with a learned step Delta and offset b per output channel (row of W), trained by LSQ
+(Esser et al., ICLR 2020). With v = (w - b) / Delta:
+- b >= 2 bits: Q_N = -2^(b-1), Q_P = 2^(b-1) - 1 (2 bits: levels -2..1). Forward
+  Delta * round(clamp(v, Q_N, Q_P)) + b. Backward (round passes the gradient straight through):
+  dQ/dw = 1 if Q_N <= v <= Q_P else 0; dQ/dDelta = round(v) - v inside, Q_N below, Q_P above;
+  dQ/db = 0 inside, 1 outside.
+- 1 bit: a learned scale times the sign, Delta * sign(w - b) + b, sign(0) = +1. dQ/dw = 1 if |v| <= 1
+  else 0 (the straight-through clip); dQ/dDelta = sign(w - b) (exact: the sign does not depend on
+  Delta); dQ/db = 0 inside, 1 outside.
+- LSQ's gradient scale: the Delta and b gradients are multiplied by g = 1 / sqrt(N * Q_P), N = the
+  number of weights one step scales (in_features: the step is per channel; LSQ's per-layer step
+  scales the whole layer). Under Adam, which normalizes each parameter's update, g changes little.
+- Init: Delta = 2 mean|w| / sqrt(Q_P) per row (LSQ's), at 1 bit mean|w| per row (XNOR-Net's
+  L2-optimal scale for sign(w)); b = 0. Delta is floored at 1e-8 in the forward.
+Delta and b are `nn.Parameter`s inside the parametrization (`<layer>.parametrizations.weight.0.step`,
+`.offset`), so the optimizer trains them and checkpoints hold them. The paper's reference code
+differs in details: its g uses the whole tensor's numel, it initializes Delta from max|w|, and uses
+"stretched elastic" levels at 2 bits; none of this is implemented here.
+
+`quantizer="fixed"` (ablation): uniform, symmetric, one fixed scale per row, no offset:
 - 1 bit: `sign(W) * alpha`, alpha = mean|W| of the row, sign(0) = +1 (the XNOR-Net scale).
 - b >= 2 bits: `clamp(round(W / alpha), -2^(b-1), 2^(b-1) - 1) * alpha`, alpha = max|W| of the row
-  / (2^(b-1) - 1), so the largest weight lands on the top level.
-- 32 bits: off.
-The straight-through estimator passes the gradient to W unchanged and treats alpha as a constant
-(the clip range never binds with this alpha, so no weight's gradient is masked).
+  / (2^(b-1) - 1), so the largest weight lands on the top level; the gradient passes to W unchanged.
+
+32 bits: off. Targets (`quantize`): "auto" (LoRA A/B if the model has LoRA, else every Linear but the
+output head), "lora", "base" (every non-LoRA Linear but the head), "all_linear", and "merged" (a LoRA
+model: the merged weight W0 + s B A of every adapted layer, as the paper's Q(W^(t)) of the
+full-precision weights; the frozen W0 and the adapters stay full precision, the layer computes with
+Q(W0 + s B A)).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from stabray.errors import UserError
+
 VALID_BITS = (1, 2, 3, 4, 8, 16, 32)
+QUANTIZERS = ("lsq", "fixed")
+QAT_TARGETS = ("auto", "lora", "base", "all_linear", "merged")
+STEP_FLOOR = 1e-8
+
+
+# ---------------------------------------------------------------- the fixed-scale quantizer
 
 
 def quantize(w: torch.Tensor, bits: int) -> torch.Tensor:
-    """The quantized weight (no gradient logic); w is (out_features, in_features)."""
+    """The fixed-scale quantized weight (no gradient logic); w is (out_features, in_features)."""
     if bits >= 32:
         return w
     if bits == 1:
@@ -44,6 +81,72 @@ class FakeQuantize(nn.Module):
         return w + (quantize(w, self.bits) - w).detach()
 
 
+# ---------------------------------------------------------------- the paper's quantizer (LSQ)
+
+
+def qrange(bits: int) -> tuple[int, int]:
+    """(Q_N, Q_P): the integer range of a signed b-bit code; (-1, 1) at 1 bit (the sign)."""
+    return (-1, 1) if bits == 1 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+def grad_scale(x: torch.Tensor, g: float) -> torch.Tensor:
+    """Value x, gradient g * (incoming gradient): LSQ's step-size gradient scale."""
+    return (x - x * g).detach() + x * g
+
+
+def round_ste(x: torch.Tensor) -> torch.Tensor:
+    """round(x) forward, identity backward."""
+    return (torch.round(x) - x).detach() + x
+
+
+def lsq_init(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Initial per-row step (out_features, 1): 2 mean|w| / sqrt(Q_P), at 1 bit mean|w|."""
+    mean_abs = w.detach().abs().mean(dim=1, keepdim=True)
+    step = mean_abs if bits == 1 else 2 * mean_abs / math.sqrt(qrange(bits)[1])
+    return step.clamp_min(STEP_FLOOR)
+
+
+def lsq_quantize(w: torch.Tensor, step: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
+    """Q(w) with LSQ's gradients (module docstring); w (out, in), step and offset (out, 1). Plain
+    differentiable operations, so it also runs inside torch.func transforms."""
+    if bits >= 32:
+        return w
+    qn, qp = qrange(bits)
+    g = 1.0 / math.sqrt(w.shape[1] * qp)
+    s = grad_scale(step, g).clamp_min(STEP_FLOOR)
+    b = grad_scale(offset, g)
+    u = w - b
+    if bits == 1:
+        c = torch.clamp(u / s.detach(), -1.0, 1.0)  # the straight-through clip; the sign ignores s
+        sign = torch.where(u >= 0, torch.ones_like(u), -torch.ones_like(u))
+        return s * ((sign - c).detach() + c) + b
+    return s * round_ste(torch.clamp(u / s, qn, qp)) + b
+
+
+class LSQQuantize(nn.Module):
+    """A parametrization W -> Q(W) with a learned per-row step and offset (module docstring)."""
+
+    def __init__(self, w: torch.Tensor, bits: int):
+        super().__init__()
+        self.bits = int(bits)
+        self.step = nn.Parameter(lsq_init(w, bits))
+        self.offset = nn.Parameter(torch.zeros_like(self.step))
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return lsq_quantize(w, self.step, self.offset, self.bits)
+
+
+def make_quantizer(kind: str, w: torch.Tensor, bits: int) -> nn.Module:
+    if kind == "lsq":
+        return LSQQuantize(w, bits)
+    if kind == "fixed":
+        return FakeQuantize(bits)
+    raise UserError(f"quantizer must be one of {QUANTIZERS}, got {kind!r}")
+
+
+# ---------------------------------------------------------------- which weights
+
+
 def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Linear]]:
     """Linear layers to quantize. target: "auto" (LoRA A/B if the model has LoRA, else every Linear
     but the output head), "lora", "base" (every non-LoRA Linear but the head), "all_linear"."""
@@ -65,11 +168,51 @@ def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Lin
     return out
 
 
-def apply_qat(model: nn.Module, bits: int, target: str = "auto") -> int:
-    """Register fake quantization on the chosen Linear weights; returns how many were wrapped."""
+def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """peft's LoRA-adapted layers (a `base_layer` plus `lora_A` / `lora_B` / `scaling`)."""
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if all(hasattr(m, a) for a in ("base_layer", "lora_A", "lora_B", "scaling")) and len(m.lora_A) > 0
+    ]
+
+
+class MergedLoRAQuantize(nn.Module):
+    """A parametrization of a LoRA layer's frozen base weight W0 such that the layer computes with
+    Q(W0 + s B A): base(x) + s B A x = (Q(W0 + s B A) - s B A) x + s B A x. Gradients reach A and B
+    through Q's straight-through estimator; the quantizer's step trains as usual."""
+
+    def __init__(self, layer: nn.Module, kind: str, bits: int):
+        super().__init__()
+        object.__setattr__(self, "layer", layer)  # a reference, not a submodule (no duplicate parameters)
+        self.quant = make_quantizer(kind, layer.base_layer.weight.detach() + self.delta(), bits)
+
+    def delta(self) -> torch.Tensor:
+        lay = self.layer
+        return sum(lay.scaling[a] * (lay.lora_B[a].weight @ lay.lora_A[a].weight) for a in lay.active_adapters)
+
+    def forward(self, w0: torch.Tensor) -> torch.Tensor:
+        d = self.delta()
+        return self.quant(w0 + d) - d
+
+
+def apply_qat(model: nn.Module, bits: int, target: str = "auto", quantizer: str = "lsq") -> int:
+    """Register fake quantization on the chosen weights; returns how many layers were wrapped."""
     if bits >= 32:
         return 0
+    if target == "merged":
+        layers = lora_layers(model)
+        if not layers:
+            raise UserError("quantize='merged' quantizes W0 + s B A of LoRA layers, and the model has no LoRA")
+        for name, lay in layers:
+            if any(getattr(d, "p", 0.0) > 0 for d in lay.lora_dropout.values()):
+                raise UserError(
+                    f"quantize='merged': {name} has LoRA dropout, which a merged weight cannot express; set "
+                    "model.lora.dropout: 0"
+                )
+            parametrize.register_parametrization(lay.base_layer, "weight", MergedLoRAQuantize(lay, quantizer, bits))
+        return len(layers)
     mods = quantizable_linears(model, target)
     for _, mod in mods:
-        parametrize.register_parametrization(mod, "weight", FakeQuantize(bits))
+        parametrize.register_parametrization(mod, "weight", make_quantizer(quantizer, mod.weight, bits))
     return len(mods)

@@ -35,6 +35,7 @@ Definitions, per example x and block t (sup over x = max over the evaluation set
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -50,6 +51,7 @@ from stabray.stability.jacobian import (
     measuring,
     probes_of,
     rho_matrix,
+    with_latent_steps,
 )
 from stabray.tasks.base import FINAL_SEP, STEP_SEP, Example
 
@@ -92,13 +94,29 @@ def parse_steps(generated: list[int], encoder: Encoder) -> list[list[int]]:
 # ---------------------------------------------------------------- per-block errors and losses
 
 
+def _block_score(logits: torch.Tensor, y: torch.Tensor, E: torch.Tensor, W: torch.Tensor):
+    """(mean CE, ||o - y||_F, ||dCE/do||_F) of one block: logits (n, V) at the positions predicting
+    its tokens y (n,); o = softmax(logits) @ E, the expected embedding."""
+    ce = float(torch.nn.functional.cross_entropy(logits, y))
+    o = torch.softmax(logits, -1) @ E.float()  # (n, d)
+    err = float((o - E[y].float()).norm())
+    q = torch.softmax(o @ W.float().T, -1)  # the loss as a function of o
+    q[torch.arange(len(y)), y] -= 1.0
+    c1 = float((q @ W.float()).norm() / len(y))  # d mean-CE / d o
+    return ce, err, c1
+
+
+def _head(model, E):
+    head = model.get_output_embeddings()
+    return head.weight.detach() if head is not None else E
+
+
 def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: int = 16, method=None):
     """For each sequence, at its target positions: (mean CE, ||o - y||_F, ||dCE/do||_F).
     `targets` are positions of target tokens (their predictions are at position - 1). With a
     method, the model sees `method.model_inputs` (Coconut: latents filled)."""
     E = embedding_matrix(model)
-    head = model.get_output_embeddings()
-    W = head.weight.detach() if head is not None else E
+    W = _head(model, E)
     dev = E.device
     res = []
     with torch.no_grad():
@@ -111,103 +129,44 @@ def _score(model, seqs: list[list[int]], targets: list[list[int]], batch_size: i
             for b, (s, tg) in enumerate(zip(S, Tg)):
                 pos = torch.tensor([p - 1 for p in tg], device=dev)
                 y = torch.tensor([s[p] for p in tg], device=dev)
-                lg = logits[b, pos]  # (n, V)
-                ce = float(torch.nn.functional.cross_entropy(lg, y))
-                o = torch.softmax(lg, -1) @ E.float()  # (n, d)
-                err = float((o - E[y].float()).norm())
-                q = torch.softmax(o @ W.float().T, -1)  # the loss as a function of o
-                q[torch.arange(len(y)), y] -= 1.0
-                c1 = float((q @ W.float()).norm() / len(y))  # d mean-CE / d o
-                res.append((ce, err, c1))
+                res.append(_block_score(logits[b, pos], y, E, W))
     return res
 
 
-# ---------------------------------------------------------------- the decomposition
+def _c2_pairs(model, encoded, T, token_cap, include_question, iters, batch_size, seed, c2_delta, **kw):
+    """(T+1, T+1): per pair (i, t), the max over examples of the finite-difference Lipschitz ratio."""
+    probes = [probes_of(e, token_cap, "block", include_question, T) for e in encoded]
+    if kw.get("method") is not None:
+        probes = [
+            probes_of(with_latent_steps(e, kw["method"].latent_slots(e.input_ids)), token_cap, "block", False, T)
+            for e in encoded
+        ]
+    sig = batched_norms(model, encoded, probes, iters=iters, batch_size=batch_size, seed=seed, delta_rel=c2_delta, **kw)
+    return torch.nan_to_num(assemble_norms(probes, sig, T), nan=0.0).amax(0)
 
 
-def decompose(
-    model,
-    encoder: Encoder,
-    examples: list[Example],
-    *,
-    iters: int = 10,
-    token_cap: int = 8,
-    aggregation: str = "block",
-    include_question: bool = False,
-    c2_delta: float = 1e-2,
-    max_new_tokens: int | None = None,
-    batch_size: int = 8,
-    seed: int = 0,
-) -> list[dict]:
-    """Rows of Table 2 for T = 1 .. T_max (keys `ROW_KEYS`), plus nothing else."""
-    encoded = [encoder.encode(e.question, e.steps, e.final) for e in examples]
-    with measuring(model):
-        jac = estimate_eaf(
-            model,
-            encoded,
-            iters=iters,
-            token_cap=token_cap,
-            aggregation=aggregation,
-            include_question=include_question,
-            batch_size=batch_size,
-            seed=seed,
-        )
-        probes = [probes_of(e, token_cap, "block", include_question) for e in encoded]
-        c2_sig = batched_norms(
-            model, encoded, probes, iters=iters, batch_size=batch_size, seed=seed, delta_rel=c2_delta
-        )
-        c2_pairs = torch.nan_to_num(assemble_norms(probes, c2_sig, jac.T), nan=0.0).amax(0)  # (T+1, T+1)
-
-        max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
-        gens = _greedy(model, encoder, [e.question for e in examples], max_new)
-        seqs, tgts, keys = [], [], []  # keys: (example, block, "true" | "gen")
-        for n, (enc, g) in enumerate(zip(encoded, gens)):
-            blocks = blocks_of(enc, token_cap)
-            T_e = len(blocks) - 1
-            gsteps = parse_steps(g, encoder)
-            for t in range(1, T_e + 1):
-                if not blocks[t]:
-                    continue
-                true_ids = list(enc.input_ids[: blocks[t][-1] + 1])
-                seqs.append(true_ids)
-                tgts.append(blocks[t])
-                keys.append((n, t, "true"))
-                k = min(t - 1, len(gsteps))
-                pre = list(enc.input_ids[: enc.prompt_len])
-                for j in range(k):
-                    pre += gsteps[j] + (list(encoder.ids(STEP_SEP)) if j < k - 1 else [])
-                if k:
-                    pre += list(encoder.ids(STEP_SEP if t < T_e else FINAL_SEP))
-                block_ids = [enc.input_ids[p] for p in blocks[t]]
-                seqs.append(pre + block_ids)
-                tgts.append(list(range(len(pre), len(pre) + len(block_ids))))
-                keys.append((n, t, "gen"))
-        scores = dict(zip(keys, _score(model, seqs, tgts)))
-
-    T_max = jac.T
-    rho = rho_matrix(jac.norms)
-    eps = [0.0] * (T_max + 1)
-    r = [0.0] * (T_max + 1)
-    c1 = [0.0] * (T_max + 1)
-    losses: dict[int, list[tuple[float, float]]] = {}
-    for (n, t, kind), (ce, err, g) in scores.items():
-        if kind == "true":
-            eps[t] = max(eps[t], err)
-        else:
-            r[t] = max(r[t], err)
-            losses.setdefault(t, []).append((ce, scores[(n, t, "true")][0]))
-        c1[t] = max(c1[t], g)
+def _rows(T_used, rho, eps, r, c1, c2_pairs, losses, include_question, loss_from: int = 1) -> list[dict]:
+    """Table rows for T = 1..T_used from per-block sup errors eps[t], r[t], C1 c1[t] and losses[t]
+    (pairs (self-generated, true) per example). Rows with T < loss_from have no loss of their own
+    (a latent thought): loss_gap, C1, the bound terms and the ratio are NaN there."""
     rows = []
-    for T in range(1, T_max + 1):
-        first = c1[T] * sum(float(rho[t, T]) * eps[t] for t in range(1, T))
+    for T in range(1, T_used + 1):
+        eaf = float(rho[0 if include_question else 1 : T, T].sum())
         C2 = float(c2_pairs[: T + 1, : T + 1].max()) if T > 1 else 0.0
+        if T < loss_from:
+            nan = math.nan
+            rows.append(
+                dict(T=T, loss_gap=nan, bound=nan, ratio=nan, first_order=nan, second_order=nan, C1=nan, C2=C2)
+                | dict(eaf=eaf, sum_eps=float(sum(eps[1:T])))
+            )
+            continue
+        first = c1[T] * sum(float(rho[t, T]) * eps[t] for t in range(1, T))
         second = c1[T] * C2 / 2 * sum(float(rho[t, T]) * sum(r[1:t]) ** 2 for t in range(2, T + 1))
         pairs = losses.get(T, [])
         gap = abs(sum(a for a, _ in pairs) / len(pairs) - sum(b for _, b in pairs) / len(pairs)) if pairs else 0.0
         if T == 1:
             gap = 0.0  # identical prefixes; removes float noise
         bound = first + second
-        eaf = float(rho[0 if include_question else 1 : T, T].sum())
         rows.append(
             dict(
                 T=T,
@@ -223,6 +182,233 @@ def decompose(
             )
         )
     return rows
+
+
+# ---------------------------------------------------------------- the decomposition
+
+
+def decompose(
+    model,
+    encoder: Encoder,
+    examples: list[Example],
+    *,
+    method=None,
+    iters: int = 10,
+    token_cap: int = 8,
+    aggregation: str = "block",
+    include_question: bool = False,
+    c2_delta: float = 1e-2,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    max_T: int | None = None,
+) -> list[dict]:
+    """Rows of Table 2 for T = 1 .. min(max_T, T_max) (keys `ROW_KEYS`).
+
+    method: the trial's method; its evaluation prompt and gold chain (`Method.eval_prompt`,
+    `eval_steps`: Alg. 1 / MTP with lam < 1 their compressed chain) and its decoding are used, so
+    every term is measured on the chain the model is trained to read and write. None: the question
+    and every step. A method with latent thoughts goes to `decompose_latent`."""
+    if method is not None and method.latent_thoughts:
+        return decompose_latent(
+            model,
+            encoder,
+            examples,
+            method,
+            iters=iters,
+            token_cap=token_cap,
+            aggregation=aggregation,
+            c2_delta=c2_delta,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            seed=seed,
+            max_T=max_T,
+        )
+    prompts = [method.eval_prompt(e) for e in examples] if method is not None else [e.question for e in examples]
+    chains = [method.eval_steps(e) for e in examples] if method is not None else [e.steps for e in examples]
+    encoded = [encoder.encode(p, c, e.final) for p, c, e in zip(prompts, chains, examples)]
+    with measuring(model):
+        jac = estimate_eaf(
+            model,
+            encoded,
+            iters=iters,
+            token_cap=token_cap,
+            aggregation=aggregation,
+            include_question=include_question,
+            batch_size=batch_size,
+            seed=seed,
+            max_t=max_T,
+        )
+        T_used = jac.T
+        c2_pairs = _c2_pairs(model, encoded, T_used, token_cap, include_question, iters, batch_size, seed, c2_delta)
+
+        max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
+        dev = embedding_matrix(model).device
+        if method is not None:
+            gens = method.generate(model, encoder, prompts, max_new, device=dev)
+        else:
+            gens = _greedy(model, encoder, prompts, max_new)
+        seqs, tgts, keys = [], [], []  # keys: (example, block, "true" | "gen")
+        for n, (enc, g) in enumerate(zip(encoded, gens)):
+            blocks = blocks_of(enc, token_cap)
+            T_e = len(blocks) - 1
+            gsteps = parse_steps(g, encoder)
+            for t in range(1, min(T_e, T_used) + 1):
+                if not blocks[t]:
+                    continue
+                true_ids = list(enc.input_ids[: blocks[t][-1] + 1])
+                seqs.append(true_ids)
+                tgts.append(blocks[t])
+                keys.append((n, t, "true"))
+                k = min(t - 1, len(gsteps))
+                pre = list(enc.input_ids[: enc.prompt_len])
+                for j in range(k):
+                    pre += gsteps[j] + (list(encoder.ids(STEP_SEP)) if j < k - 1 else [])
+                if k:
+                    pre += list(encoder.ids(STEP_SEP if t < T_e else FINAL_SEP))
+                elif t == T_e and enc.final_span[0] > enc.prompt_len:  # a chain answer without steps: "| final"
+                    pre += list(encoder.ids(FINAL_SEP.lstrip()))
+                block_ids = [enc.input_ids[p] for p in blocks[t]]
+                seqs.append(pre + block_ids)
+                tgts.append(list(range(len(pre), len(pre) + len(block_ids))))
+                keys.append((n, t, "gen"))
+        scores = dict(zip(keys, _score(model, seqs, tgts)))
+
+    rho = rho_matrix(jac.norms)
+    eps = [0.0] * (T_used + 1)
+    r = [0.0] * (T_used + 1)
+    c1 = [0.0] * (T_used + 1)
+    losses: dict[int, list[tuple[float, float]]] = {}
+    for (n, t, kind), (ce, err, g) in scores.items():
+        if kind == "true":
+            eps[t] = max(eps[t], err)
+        else:
+            r[t] = max(r[t], err)
+            losses.setdefault(t, []).append((ce, scores[(n, t, "true")][0]))
+        c1[t] = max(c1[t], g)
+    return _rows(T_used, rho, eps, r, c1, c2_pairs, losses, include_question)
+
+
+# ---------------------------------------------------------------- latent thoughts (Coconut)
+
+
+@dataclass
+class LatentErrors:
+    """Per example: the latent slots, their true values, eps and r per step, the answer's scores."""
+
+    slots: list[int]  # positions of the latent slots in the evaluation encoding
+    gold: torch.Tensor  # (L, d): the true value of each latent slot (its step's text proxy)
+    gold_inputs: torch.Tensor  # (len, d): input embeddings with the latent slots holding `gold`
+    eps: list[float]  # eps_t, t = 1..L+1 (index t-1); the last is the answer's
+    r: list[float]  # r_t, same layout
+    answer_true: tuple[float, float, float]  # (CE, err, C1) of the answer given the true latents
+    answer_gen: tuple[float, float, float]  # the same given the model's own latents
+
+
+def latent_errors(model, encoder: Encoder, example: Example, method, token_cap: int = 8) -> LatentErrors:
+    """eps_t and r_t over the latent slots of one example (eq. (3) with latent thoughts as steps).
+
+    The true value of latent slot j (1-based) is the TEXT PROXY of the step it replaces: the model's
+    last-layer hidden state at the last token of gold step ceil(j / c) (c = latents per step) when
+    the same model reads the whole chain as text, in the format of the curriculum's stage 0
+    (question, `<bot><eot>`, "s1, s2 | final"). A slot beyond the example's last step (the final
+    stage pads to max_stage * c latents) takes the last step's proxy (the chain is complete; nothing
+    is left to think), and an example without steps the hidden state at the end of its prompt. This
+    is the paper's reference code's definition (its latent evaluator's text proxy), and it lives in
+    the latent's own space: a latent is a last hidden state fed back as an input embedding.
+    - eps_j = ||h_{slot_j - 1}(slots 1..j-1 hold true values) - true_j|| (the thought given true
+      earlier thoughts); r_j = ||model's own latent j - true_j|| (free-running, as at inference).
+    - The answer (step L+1): eps / r = ||o - y||_F of the expected embeddings of its first token_cap
+      tokens given the true / the model's own latents, as for a text step.
+    """
+    E = embedding_matrix(model)
+    W = _head(model, E)
+    dev = E.device
+    enc = encoder.encode(method.eval_prompt(example), method.eval_steps(example), example.final)
+    ids = torch.tensor([enc.input_ids], device=dev)
+    slots = method.latent_slots(enc.input_ids)
+    text = encoder.encode(example.question + method.markers(0), example.steps, example.final)
+    c = method.params.latents_per_step
+    with torch.no_grad():
+        h_text = model(input_ids=torch.tensor([text.input_ids], device=dev), output_hidden_states=True)
+        h_text = h_text.hidden_states[-1][0]  # (len, d)
+        ends = [b - 1 for _, b in text.step_spans] or [text.prompt_len - 1]
+        gold = torch.stack([h_text[ends[min(j // c, len(ends) - 1)]] for j in range(len(slots))])  # (L, d)
+        x_gold = E[ids[0]].clone()
+        for j, p in enumerate(slots):
+            x_gold[p] = gold[j].to(x_gold.dtype)
+        x_gen, pos = method.fill_latents(model, ids, torch.ones_like(ids))
+        out = {}
+        for kind, x in (("true", x_gold[None]), ("gen", x_gen)):
+            res = model(inputs_embeds=x, position_ids=pos, output_hidden_states=True, use_cache=False)
+            out[kind] = (res.hidden_states[-1][0], res.logits[0, :, : E.shape[0]].float())
+        a, b = enc.final_span[0], enc.final_span[1] - 1  # the answer without EOS, first token_cap tokens
+        tgt = list(range(a, b))[:token_cap]
+        y = ids[0, tgt]
+        answer = {k: _block_score(lg[[p - 1 for p in tgt]], y, E, W) for k, (_, lg) in out.items()}
+        h_true = out["true"][0]
+        eps = [float((h_true[p - 1] - gold[j]).norm()) for j, p in enumerate(slots)] + [answer["true"][1]]
+        r = [float((x_gen[0, p] - gold[j]).norm()) for j, p in enumerate(slots)] + [answer["gen"][1]]
+    return LatentErrors(slots, gold, x_gold, eps, r, answer["true"], answer["gen"])
+
+
+def decompose_latent(
+    model,
+    encoder: Encoder,
+    examples: list[Example],
+    method,
+    *,
+    iters: int = 10,
+    token_cap: int = 8,
+    aggregation: str = "block",
+    c2_delta: float = 1e-2,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    max_T: int | None = None,
+) -> list[dict]:
+    """Eq. (4) over latent thoughts: steps 1..L are the latent slots, step L+1 the answer.
+
+    eps_t, r_t as in `latent_errors`; J_i^(t) (and C2) at the TRUE latents (the slots holding their
+    text proxies), as a text chain's Jacobians are taken at the gold prefix; C1 and the loss at the
+    answer. The loss gap is |CE(answer | own latents) - CE(answer | true latents)|, averaged over
+    examples. Rows T <= L (a latent has no loss of its own) give eaf and sum_eps only."""
+    del max_new_tokens  # the latents are computed, not decoded
+    encoded = [encoder.encode(method.eval_prompt(e), method.eval_steps(e), e.final) for e in examples]
+    with measuring(model):
+        errs = [latent_errors(model, encoder, e, method, token_cap) for e in examples]
+        inputs = [le.gold_inputs for le in errs]
+        jac = estimate_eaf(
+            model,
+            encoded,
+            iters=iters,
+            token_cap=token_cap,
+            aggregation=aggregation,
+            batch_size=batch_size,
+            seed=seed,
+            method=method,
+            max_t=max_T,
+            inputs=inputs,
+        )
+        T_used = jac.T
+        c2_pairs = _c2_pairs(
+            model, encoded, T_used, token_cap, False, iters, batch_size, seed, c2_delta, method=method, inputs=inputs
+        )
+    rho = rho_matrix(jac.norms)
+    eps = [0.0] * (T_used + 1)
+    r = [0.0] * (T_used + 1)
+    c1 = [0.0] * (T_used + 1)
+    losses: dict[int, list[tuple[float, float]]] = {}
+    for le in errs:
+        T_e = len(le.slots) + 1
+        for t in range(1, min(T_e, T_used) + 1):
+            eps[t] = max(eps[t], le.eps[t - 1])
+            r[t] = max(r[t], le.r[t - 1])
+        if T_e <= T_used:
+            c1[T_e] = max(c1[T_e], le.answer_true[2], le.answer_gen[2])
+            losses.setdefault(T_e, []).append((le.answer_gen[0], le.answer_true[0]))
+    L = min(len(le.slots) for le in errs) if errs else 0
+    return _rows(T_used, rho, eps, r, c1, c2_pairs, losses, False, loss_from=L + 1)
 
 
 # ---------------------------------------------------------------- weight-noise stability

@@ -372,12 +372,17 @@ def estimate_eaf(
     seed: int = 0,
     prefix_cache: bool = True,
     method=None,
+    max_t: int | None = None,
+    inputs: list[torch.Tensor] | None = None,
 ) -> EAFResult:
     """EAF and the per-pair spectral norms over `encoded` (see the module docstring).
 
     method: a method with latent thoughts (Coconut) feeds the model its filled latents
     (`Method.model_inputs`), and each latent slot is a step: its output is the last hidden state of
     the position before it (the vector fed back into the slot), its input the slot's embedding.
+    inputs: per example, the input embeddings (L_e, d) to differentiate at instead (e.g. latent slots
+    holding given values); positions and latent slots still come from `encoded` and `method`.
+    max_t: measure the chain only up to block max_t (the EAF at T = min(max_t, T_max)).
 
     batch_size: examples per forward; max_tangent_elems bounds probes x examples x window x d held
     at once (probes beyond it run in further chunks).
@@ -387,8 +392,9 @@ def estimate_eaf(
         encoded = [with_latent_steps(e, method.latent_slots(e.input_ids)) for e in encoded]
     else:
         method = None
-    probes = [probes_of(e, token_cap, aggregation, include_question) for e in encoded]
+    probes = [probes_of(e, token_cap, aggregation, include_question, max_t) for e in encoded]
     T = max((p.T for p in probes), default=0)
+    T = T if max_t is None else min(T, max_t)
     sig = batched_norms(
         model,
         encoded,
@@ -400,6 +406,7 @@ def estimate_eaf(
         seed=seed,
         prefix_cache=prefix_cache,
         method=method,
+        inputs=inputs,
     )
     return _result(assemble_norms(probes, sig, T), T, include_question)
 
@@ -447,8 +454,10 @@ def batched_norms(
     delta_rel: float | None = None,
     prefix_cache: bool = True,
     method=None,
+    inputs: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Spectral norm of every probe of every example: a list of (P_e,) tensors.
+    `inputs`: per example, input embeddings (L_e, d) used instead of the tokens' (or the method's).
 
     With `delta_rel`, each example's input embeddings at its probes' input positions are perturbed
     by Gaussian delta with ||delta|| = delta_rel * ||x there||, and the result is
@@ -468,7 +477,12 @@ def batched_norms(
             L = max(probes[n].length for n in idxs)
             ids = [list(encoded[n].input_ids[:L]) for n in idxs]
             ids_t = torch.tensor([r + [r[-1]] * (L - len(r)) for r in ids], device=dev)  # right-padded (B, L)
-            if method is None:
+            if inputs is not None:  # given embeddings, right-padded with zeros (after every output read)
+                x = torch.zeros(len(idxs), L, d, dtype=E.dtype, device=dev)
+                for b, n in enumerate(idxs):
+                    xe = inputs[n][:L].detach().to(dev, E.dtype)
+                    x[b, : len(xe)] = xe
+            elif method is None:
                 x = E[ids_t]  # (B, L, d)
             else:  # the method's inputs (latent slots filled); positions 0..L-1 as without it
                 with torch.no_grad():

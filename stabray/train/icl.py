@@ -358,7 +358,7 @@ class ICLRun(Runner):
             self.curves[split] = cl
         return out
 
-    def decomposition(self, n: int, split: str = "test") -> list[dict[str, float]]:
+    def decomposition(self, n: int, split: str = "test", max_T: int | None = None) -> list[dict[str, float]]:
         """eq. (4) per T (Table 2 columns) with exact Jacobians. eps_t / r_t = max over prompts of the
         step-t error given the true / generated prefix; C1 = max ||d loss / d output|| = 2 max r_T;
         C2 = max over prompts of ||J(x + delta) - J(x)|| / ||delta|| (largest block), delta = 1% of
@@ -384,7 +384,7 @@ class ICLRun(Runner):
             self.data = {**self.data, split: saved}
         C2 = float((torch.linalg.matrix_norm(J1 - J0, ord=2).flatten(1).amax(1) / delta.flatten(1).norm(dim=1)).amax())
         rows = []
-        for T in range(1, self.T + 1):
+        for T in range(1, (self.T if max_T is None else min(max_T, self.T)) + 1):
             C1 = 2 * float(r[T - 1])
             first = C1 * sum(float(rho[t, T] * eps[t - 1]) for t in range(1, T))
             second = C1 * C2 / 2 * sum(float(rho[t, T]) * float(r[: t - 1].sum()) ** 2 for t in range(2, T + 1))
@@ -408,7 +408,7 @@ class ICLRun(Runner):
 
     def stability_table(self, opts: StabilityOptions) -> StabilityTable:
         """The exact-Jacobian eq. (4) table (the estimator options do not apply: J is exact here)."""
-        return StabilityTable(self.decomposition(opts.n), min(opts.n, len(self.data["test"][0])))
+        return StabilityTable(self.decomposition(opts.n, max_T=opts.T or None), min(opts.n, len(self.data["test"][0])))
 
     def weight_noise(self, seeds: int, sigma: float | None = None) -> float:
         """Mean increase of the T_max inference loss (vs theta_T) under N(0, sigma^2) weight noise."""

@@ -136,16 +136,28 @@ class TrialRun(Runner):
             batch_size=self.cfg.eval.batch_size,
         )
 
-    def eval_encoded(self, split: str, n: int):
-        """Examples encoded with every ground-truth step (the stability measure's input)."""
-        return [
-            self.encoder.encode(self.method.eval_prompt(e), self.method.eval_steps(e), e.final)
-            for e in self.data[split][:n]
-        ]
+    def eval_encoded(self, split: str, n: int, chain: str = "gold"):
+        """The first n examples of a split as the stability measure reads them: the method's
+        evaluation prompt, then its gold chain (`Method.eval_steps`: the chain it trains on) and the
+        final answer, or (chain="generated") the model's own greedy answer, steps and final."""
+        exs = self.data[split][:n]
+        prompts = [self.method.eval_prompt(e) for e in exs]
+        if chain == "gold":
+            return [self.encoder.encode(p, self.method.eval_steps(e), e.final) for p, e in zip(prompts, exs)]
+        from stabray.data.encode import encode_generated
+
+        gold = [self.encoder.encode(p, e.steps, e.final) for p, e in zip(prompts, exs)]
+        max_new = max(len(g.input_ids) - g.prompt_len for g in gold) + 8
+        gens = self.method.generate(
+            self.model, self.encoder, prompts, max_new, batch_size=self.cfg.eval.batch_size, device=self.device
+        )
+        return [encode_generated(self.encoder, p, g) for p, g in zip(prompts, gens)]
 
     def eaf(self, split: str = "val") -> float | None:
+        """EAF on the first eval.eaf_examples of a split, on the chain eval.eaf_chain names; None
+        when off, and for a method that answers without a chain (its sum over steps is empty)."""
         ev = self.cfg.eval
-        if not ev.eaf_examples:
+        if not ev.eaf_examples or not self.method.steps_at_eval:
             return None
         from stabray.stability import EAFTracker, estimate_eaf
 
@@ -153,7 +165,7 @@ class TrialRun(Runner):
             self.eaf_tracker = EAFTracker()
         res = estimate_eaf(
             self.model,
-            self.eval_encoded(split, ev.eaf_examples),
+            self.eval_encoded(split, ev.eaf_examples, ev.eaf_chain),
             iters=ev.eaf_iters,
             token_cap=ev.eaf_token_cap,
             aggregation=ev.eaf_aggregation,
@@ -180,7 +192,8 @@ class TrialRun(Runner):
     def final(self) -> dict[str, float]:
         """Test and length-generalization accuracy, loss gap and EAF on the test split."""
         ev = self.cfg.eval
-        t = self.evaluate("test", loss_gap=ev.loss_gap)
+        # No CoT: both prefixes of the loss gap are the prompt, so it is 0 by construction: not logged
+        t = self.evaluate("test", loss_gap=ev.loss_gap and self.method.chain_at_eval)
         out: dict[str, float] = {"test_acc": t.acc}
         if t.loss_gap is not None:
             out["loss_gap"] = t.loss_gap
@@ -191,25 +204,31 @@ class TrialRun(Runner):
             out["final_eaf"] = e
         return out
 
-    def decomposition(self, n: int, split: str = "test") -> list[dict[str, float]]:
-        """The eq. (4) table (Table 2 columns) for T = 1 .. T_max on n examples of a split."""
+    def decomposition(self, n: int, split: str = "test", max_T: int | None = None) -> list[dict[str, float]]:
+        """The eq. (4) table (Table 2 columns) for T = 1 .. min(max_T, T_max) on n examples of a
+        split, on the method's evaluation prompt and gold chain (Coconut: over its latent slots)."""
         from stabray.stability import decompose
 
-        if self.method.latent_thoughts:
-            raise UserError(
-                f"method {self.method.name!r}: the eq. (4) decomposition needs a ground-truth value "
-                "for every step, and latent thoughts have none (the EAF over latent steps is "
-                "reported as eaf / final_eaf)"
-            )
+        if not self.has_decomposition:
+            raise UserError(self.no_chain_note())
         ev = self.cfg.eval
         return decompose(
             self.model,
             self.encoder,
             self.data[split][:n],
+            method=self.method,
             iters=ev.eaf_iters,
             token_cap=ev.eaf_token_cap,
             aggregation=ev.eaf_aggregation,
             seed=self.cfg.seed,
+            max_T=max_T,
+        )
+
+    def no_chain_note(self) -> str:
+        return (
+            f"method {self.method.name!r} answers without a chain at evaluation: eq. (4)'s sums over "
+            "intermediate steps are empty, so the EAF and the bound are 0 by definition, not measured; "
+            "no table is reported"
         )
 
     def weight_noise(self, seeds: int, n: int = 64, split: str = "test", sigma: float = 0.005) -> float:
@@ -223,40 +242,34 @@ class TrialRun(Runner):
 
     @property
     def has_decomposition(self) -> bool:
-        return not self.method.latent_thoughts
+        return self.method.steps_at_eval
 
     def stability_table(self, opts: StabilityOptions) -> StabilityTable:
-        """The eq. (4) table on the test split; for latent thoughts (no true step values, so the
-        eq. (4) terms are undefined) the EAF per T over the latent steps."""
-        from stabray.stability import decompose, eaf_from_norms, estimate_eaf
+        """The eq. (4) table on the test split (Coconut: over its latent slots), up to opts.T."""
+        from stabray.stability import decompose
 
         examples = self.data["test"][: opts.n]
         if not self.has_decomposition:
-            res = estimate_eaf(
-                self.model,
-                self.eval_encoded("test", opts.n),
-                iters=opts.iters,
-                token_cap=opts.token_cap,
-                aggregation=opts.aggregation,
-                include_question=opts.include_question,
-                method=self.method,
-            )
-            rows = [{"T": T, "eaf": eaf_from_norms(res.norms, T, opts.include_question)} for T in range(1, res.T + 1)]
-            note = (
-                f"method {self.method.name!r} reasons in latent thoughts: the steps are its {res.T - 1} latent "
-                "slots; the eq. (4) terms need true step values, so only the EAF per T is reported"
-            )
-            return StabilityTable(rows, len(examples), note)
+            return StabilityTable([], len(examples), self.no_chain_note())
         rows = decompose(
             self.model,
             self.encoder,
             examples,
+            method=self.method,
             iters=opts.iters,
             token_cap=opts.token_cap,
             aggregation=opts.aggregation,
             include_question=opts.include_question,
+            max_T=opts.T or None,
         )
-        return StabilityTable(rows, len(examples))
+        note = ""
+        if self.method.latent_thoughts:
+            note = (
+                f"method {self.method.name!r} reasons in latent thoughts: its steps 1..L are the latent slots, "
+                "whose true values are the text proxies of the steps they replace, and step L+1 is the answer; "
+                "a latent has no loss of its own, so rows T <= L give eaf and sum_eps only"
+            )
+        return StabilityTable(rows, len(examples), note)
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:

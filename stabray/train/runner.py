@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,10 @@ class StabilityOptions:
 
     n: int = 64  # test examples
     iters: int = 10  # power iterations
-    token_cap: int = 8  # tokens per step block
+    token_cap: int = 8  # output tokens per step block (the input side is the whole step)
     aggregation: str = "block"  # block | token_mean
     include_question: bool = False  # count the question as step 0
+    T: int = 0  # evaluate the chain up to T (rows 1..min(T, T_max)); 0 = T_max
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,8 @@ class Runner(abc.ABC):
         """Test and length-generalization metrics of the final model."""
 
     @abc.abstractmethod
-    def decomposition(self, n: int, split: str = "test") -> list[dict[str, float]]:
-        """The eq. (4) table (stabray.record.DECOMP_KEYS) for T = 1..T_max on n examples."""
+    def decomposition(self, n: int, split: str = "test", max_T: int | None = None) -> list[dict[str, float]]:
+        """The eq. (4) table (stabray.record.DECOMP_KEYS) for T = 1..min(max_T, T_max) on n examples."""
 
     @abc.abstractmethod
     def weight_noise(self, seeds: int) -> float:
@@ -100,13 +102,40 @@ class Runner(abc.ABC):
         out: dict[str, Any] = {}
         ev = self.cfg.eval
         if ev.decomposition_examples and self.has_decomposition:
-            out[STABILITY_TABLE] = self.decomposition(ev.decomposition_examples)
+            rows = self.decomposition(ev.decomposition_examples)
+            out[STABILITY_TABLE] = rows
+            out.update(at_T(rows, ev.stability_T))
         if ev.weight_noise_seeds:
             out["weight_noise_loss_increase"] = self.weight_noise(ev.weight_noise_seeds)
         return out
 
     # whether `decomposition` is defined for this trial (a method may not give every step a true value)
     has_decomposition: bool = True
+
+
+# final metric <- column of the eq. (4) table, read at one T (stability_T)
+AT_T = {
+    "test_eaf_at_T": "eaf",
+    "test_sum_eps_at_T": "sum_eps",
+    "test_bound_at_T": "bound",
+    "test_loss_gap_at_T": "loss_gap",
+}
+
+
+def at_T(rows: list[dict[str, float]], T: int) -> dict[str, float]:
+    """The table's row at min(T, T_max) (T = 0: T_max) as final metrics, plus `stability_T`, the T
+    it is at. Undefined entries (NaN: a latent thought has no loss) are left out."""
+    if not rows:
+        return {}
+    T_max = max(int(r["T"]) for r in rows)
+    T_used = T_max if T <= 0 else min(T, T_max)
+    row = next(r for r in rows if int(r["T"]) == T_used)
+    out = {"stability_T": float(T_used)}
+    for name, col in AT_T.items():
+        v = row.get(col)
+        if v is not None and math.isfinite(float(v)):
+            out[name] = float(v)
+    return out
 
 
 RUNNERS: Registry[type[Runner]] = Registry("runner")
