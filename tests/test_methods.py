@@ -20,6 +20,7 @@ from stabray.methods.base import load_spaces
 from stabray.methods.coconut import LATENT
 from stabray.methods.implicit_cot import drop_leading_tokens
 from stabray.methods.qat import quantize
+from stabray.stability import ROW_KEYS
 from stabray.tasks import extract_final, get_task
 from stabray.tasks.base import TOKEN_RE, Example
 from stabray.train.run import TrialRun
@@ -28,7 +29,7 @@ from stabray.train.run import TrialRun
 PARAMS = {
     "alg1": {"lam": 0.5, "bits": 2},
     "coconut": {"max_stage": 1},
-    "implicit_cot": {"remove_per_epoch": 2.0},
+    "implicit_cot": {"remove_per_epoch": 8.0},
     "nso": {"sigma": 0.01},
 }
 EPOCHS = 3
@@ -169,7 +170,7 @@ EX = Example(
 
 @pytest.mark.parametrize("per_epoch", [0.5, 1.0, 2.0])
 def test_implicit_removes_leading_steps_linearly(per_epoch):
-    m = get_method("implicit_cot", remove_per_epoch=per_epoch)
+    m = get_method("implicit_cot", remove_per_epoch=per_epoch, unit="steps", removal_smoothing=0)
     rng = np.random.default_rng(0)
     for epoch in range(8):
         prompt, steps = m.train_view(EX, epoch, rng)
@@ -180,7 +181,7 @@ def test_implicit_removes_leading_steps_linearly(per_epoch):
 
 def test_implicit_token_unit_cuts_inside_a_step():
     n_tok = [len(TOKEN_RE.findall(s)) for s in EX.steps]  # 5 tokens each: [ 0 0 1 ]
-    m = get_method("implicit_cot", remove_per_epoch=3, unit="tokens")
+    m = get_method("implicit_cot", remove_per_epoch=3, unit="tokens", removal_smoothing=0)
     rng = np.random.default_rng(0)
     assert m.train_view(EX, 0, rng)[1] == EX.steps
     assert m.train_view(EX, 1, rng)[1] == ("1]", "[0 0 0]", "[1 0 0]")  # 3 tokens gone
@@ -192,7 +193,83 @@ def test_implicit_token_unit_cuts_inside_a_step():
         get_method("implicit_cot", unit="words")
 
 
+def test_implicit_default_is_deng_token_schedule_over_optimizer_steps():
+    """Default: task tokens, 8 per epoch, linear in optimizer steps (the training loop drives the
+    method), removal smoothing lambda = 4 and optimizer resets on."""
+    m = get_method("implicit_cot")
+    p = m.params
+    assert (p.unit, p.remove_per_epoch, p.removal_smoothing, p.reset_optimizer) == ("tokens", 8.0, 4.0, True)
+    off = get_method("implicit_cot", removal_smoothing=0)
+    S = 10  # optimizer steps per epoch
+    for step in range(0, 3 * S):
+        off.on_train_step(step, S)
+        n = int(np.floor(8 * step / S))
+        assert off.train_view(EX, step // S, np.random.default_rng(step))[1] == drop_leading_tokens(EX.steps, n)
+
+
+@pytest.mark.parametrize("lam", [4.0, 1.0])
+def test_removal_smoothing_is_the_exponential_law(lam):
+    """P(o) = (1 - e^-lam) e^(-lam o): frequencies of the extra removed units over many examples."""
+    m = get_method("implicit_cot", unit="tokens", removal_smoothing=lam)
+    rng = np.random.default_rng(0)
+    n_tok = sum(len(TOKEN_RE.findall(s)) for s in EX.steps)
+    N = 20000
+    counts = np.zeros(n_tok + 1)
+    for _ in range(N):  # epoch 0, nothing scheduled: every removed token is the offset o
+        kept = m.train_view(EX, 0, rng)[1]
+        counts[n_tok - sum(len(TOKEN_RE.findall(s)) for s in kept)] += 1
+    p = (1 - np.exp(-lam)) * np.exp(-lam * np.arange(4))
+    np.testing.assert_allclose(counts[:4] / N, p, atol=4 * np.sqrt(p * (1 - p) / N) + 1e-4)
+
+
+def test_implicit_resets_the_optimizer_when_the_schedule_grows(cache_dir):
+    """3 optimizer steps per epoch, 2 tokens per epoch: the scheduled count floor(2 s / 3) grows at
+    steps 2, 3, 5, 6, 8, and each growth builds a fresh AdamW (its step count restarts)."""
+    cfg = config(cache_dir, "implicit_cot")
+    cfg["method"]["params"] = {"remove_per_epoch": 2.0}
+    run = TrialRun(cfg)
+    assert run.trainer.steps_per_epoch == 3
+    for _ in range(EPOCHS):
+        run.trainer.train_epoch()
+    assert run.trainer.resets == 5
+    assert all(int(st["step"]) == 1 for st in run.trainer.optimizer.state.values())  # reset before step 8
+    assert run.trainer.sched == (8, 9, 8)  # the schedule kept its place: offset 8 at global step 8
+    cfg["method"]["params"] = {"remove_per_epoch": 2.0, "reset_optimizer": False}
+    run = TrialRun(cfg)
+    for _ in range(EPOCHS):
+        run.trainer.train_epoch()
+    assert run.trainer.resets == 0 and all(int(st["step"]) == 9 for st in run.trainer.optimizer.state.values())
+
+
 # -- Coconut ---------------------------------------------------------------------------------------
+def test_coconut_resets_optimizer_and_schedule_at_stage_switches(cache_dir, tmp_path):
+    """max_stage 1, one epoch per stage: the curriculum changes at epochs 1 and 2 (stage 2 is the
+    final one); each switch builds a fresh optimizer and restarts the schedule over the remaining
+    steps, and a checkpoint taken between switches resumes to the same weights."""
+    from stabray.train import load_run
+
+    cfg = config(cache_dir, "coconut")  # max_stage 1
+    straight = TrialRun(cfg)
+    for _ in range(EPOCHS):
+        straight.trainer.train_epoch()
+    S = straight.trainer.steps_per_epoch
+    assert straight.trainer.resets == 2 and straight.trainer.sched == (2 * S, S, 0)
+    first = TrialRun(cfg)
+    first.epoch()
+    first.epoch()
+    first.save(tmp_path / "ck")
+    resumed = load_run(tmp_path / "ck")
+    resumed.trainer.train_epoch()
+    assert resumed.trainer.resets == 2
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    cfg["method"]["params"] = {"max_stage": 1, "reset_optimizer": False}
+    off = TrialRun(cfg)
+    for _ in range(EPOCHS):
+        off.trainer.train_epoch()
+    assert off.trainer.resets == 0
+
+
 def test_coconut_curriculum_and_latent_count():
     m = get_method("coconut", latents_per_step=2, max_stage=2, epochs_per_stage=2)
     rng = np.random.default_rng(0)
@@ -324,24 +401,85 @@ def test_coconut_loss_gap_and_inference_loss_fill_latents(coconut_run):
     assert got == pytest.approx(want, rel=1e-5) and abs(got - plain) > 1e-4
     # the weight-noise measure's loss: the method's prompt, decoding and inputs
     assert math.isfinite(inference_loss(run.model, run.encoder, run.data["val"][:2], method=m))
-    with pytest.raises(UserError, match="latent thoughts have none"):
-        run.decomposition(2)
+    run.model.train()
+
+
+def test_coconut_latent_errors_and_decomposition_by_hand(coconut_run):
+    """eps_t / r_t over latent slots against a hand computation: the true value of latent j is the
+    model's last hidden state at the end of gold step j read as text (stage-0 format); eps_j = the
+    hidden state fed into slot j given true earlier latents minus it; r_j = the model's own latent j
+    minus it; the answer's loss gap = CE given own latents - CE given true latents. Table 4's row is
+    the last (T = L + 1); latent rows carry no loss."""
+    from stabray.stability.decomposition import decompose, latent_errors
+
+    run, m = coconut_run, coconut_run.method
+    model = run.model.eval()
+    enc_ = run.encoder
+    E = model.get_input_embeddings().weight.detach()
+    ex = next(e for e in run.data["test"] if len(e.steps) == 1)  # 1 step, 2 latents: the pad rule is used
+    le = latent_errors(model, enc_, ex, m, token_cap=8)
+    with torch.no_grad():
+        text = enc_.encode(ex.question + "<bot><eot>", ex.steps, ex.final)
+        h = model(input_ids=torch.tensor([text.input_ids]), output_hidden_states=True).hidden_states[-1][0]
+        gold = [h[text.step_spans[0][1] - 1]] * 2  # latent 2 is beyond the last step: the last step's proxy
+        enc = enc_.encode(m.eval_prompt(ex), (), ex.final)
+        ids = torch.tensor([enc.input_ids])
+        slots = [p for p, t in enumerate(enc.input_ids) if t == m.ids[LATENT]]
+        x = E[ids].clone()
+        free = E[ids].clone()
+        for j, p in enumerate(slots):
+            x[0, p] = gold[j]
+            free[0, p] = model(inputs_embeds=free[:, :p], output_hidden_states=True).hidden_states[-1][0, p - 1]
+        ht = model(inputs_embeds=x, output_hidden_states=True).hidden_states[-1][0]
+        eps = [float((ht[p - 1] - gold[j]).norm()) for j, p in enumerate(slots)]
+        r = [float((free[0, p] - gold[j]).norm()) for j, p in enumerate(slots)]
+        a, b = enc.final_span[0], enc.final_span[1] - 1
+        y = ids[0, a:b]
+
+        def ce(inp):
+            lg = model(inputs_embeds=inp).logits[0, a - 1 : b - 1]
+            return float(torch.nn.functional.cross_entropy(lg, y)), float((torch.softmax(lg, -1) @ E - E[y]).norm())
+
+        (ce_true, err_true), (ce_free, err_free) = ce(x), ce(free)
+    assert le.slots == slots
+    assert le.eps == pytest.approx(eps + [err_true], rel=1e-5)
+    assert le.r == pytest.approx(r + [err_free], rel=1e-5)
+    assert eps[0] == pytest.approx(r[0], rel=1e-5)  # latent 1 has no earlier latent: both prefixes agree
+    assert le.answer_true[0] == pytest.approx(ce_true, rel=1e-5) and le.answer_gen[0] == pytest.approx(
+        ce_free, rel=1e-5
+    )
+
+    rows = decompose(model, enc_, [ex], method=m, iters=20)
+    assert [row["T"] for row in rows] == [1, 2, 3]
+    assert rows[1]["sum_eps"] == pytest.approx(eps[0], rel=1e-5)
+    assert rows[2]["sum_eps"] == pytest.approx(eps[0] + eps[1], rel=1e-5)
+    assert rows[2]["loss_gap"] == pytest.approx(abs(ce_free - ce_true), rel=1e-4)
+    assert rows[2]["bound"] == pytest.approx(rows[2]["first_order"] + rows[2]["second_order"])
+    assert rows[2]["C1"] > 0 and rows[2]["C2"] > 0 and rows[2]["eaf"] > 0
+    assert all(math.isnan(row["loss_gap"]) and math.isnan(row["bound"]) for row in rows[:2])
+    assert run.decomposition(2)[-1]["T"] == 3  # the runner's table: Coconut has one now
     run.model.train()
 
 
 def test_stability_cli_on_a_coconut_checkpoint(coconut_run, tmp_path, capsys):
-    """A latent-thought checkpoint: the CLI reports the EAF per T over the latent steps (the eq. (4)
-    terms are undefined) and it equals estimate_eaf with the method."""
+    """A latent-thought checkpoint: the CLI prints the eq. (4) table over the latent steps, and its EAF
+    equals estimate_eaf with the method at the true latents."""
     from stabray.cli import main
     from stabray.stability import eaf_from_norms, estimate_eaf
+    from stabray.stability.decomposition import latent_errors
 
-    coconut_run.save(tmp_path / "ckpt")
+    run = coconut_run
+    run.save(tmp_path / "ckpt")
     assert main(["stability", str(tmp_path / "ckpt"), "--n", "2", "--iters", "3", "--out", str(tmp_path / "out")]) == 0
     assert "latent thoughts" in capsys.readouterr().out
     lines = (tmp_path / "out" / "stability.csv").read_text().splitlines()
-    assert lines[0] == "T,eaf" and len(lines) == 1 + 3  # T = 1 (no step before), 2, 3
-    res = estimate_eaf(coconut_run.model, coconut_run.eval_encoded("test", 2), iters=3, method=coconut_run.method)
-    assert float(lines[-1].split(",")[1]) == pytest.approx(eaf_from_norms(res.norms, 3), rel=1e-6)
+    assert lines[0].split(",") == list(ROW_KEYS) and len(lines) == 1 + 3  # T = 1 (no step before), 2, 3
+    # the EAF over the latent slots, Jacobians at the true latents (the text proxies)
+    exs = run.data["test"][:2]
+    inputs = [latent_errors(run.model, run.encoder, e, run.method).gold_inputs for e in exs]
+    res = estimate_eaf(run.model, run.eval_encoded("test", 2), iters=3, method=run.method, inputs=inputs)
+    eaf = float(lines[-1].split(",")[ROW_KEYS.index("eaf")])
+    assert eaf == pytest.approx(eaf_from_norms(res.norms, 3), rel=1e-6)
 
 
 # -- NSO -------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ reasoning steps by latent thoughts, each the model's last hidden state fed back 
 embedding, between `<bot>` and `<eot>`.
 
 Curriculum (the reference implementation, facebookresearch/coconut `dataset.py`): stage
-s = epoch // epochs_per_stage. For s <= max_stage the first s steps are replaced by s * c latents
+s = epoch // epochs_per_stage, with a fresh optimizer and learning-rate schedule at every stage
+switch (`reset_optimizer`, Hao et al.'s setting; off = one optimizer for the whole run). For
+s <= max_stage the first s steps are replaced by s * c latents
 (c = latents_per_step); beyond max_stage every language step is removed and max_stage * c latents
 stay (or min(T, max_stage) * c with pad_to_max off). Stage 0 is the full chain behind an empty
 `<bot><eot>`. The loss covers only the remaining language tokens (the markers and latents sit in
@@ -18,7 +20,9 @@ plus one full pass.
 
 Evaluation runs the final stage: the question, `<bot>`, max_stage * c latents, `<eot>`, then greedy
 decoding of "| final" (all language steps were removed in the last stage, so train the model for
-at least (max_stage + 1) * epochs_per_stage epochs).
+at least (max_stage + 1) * epochs_per_stage epochs). Stability: each latent slot is a step
+(stabray.stability: the EAF over latent slots; the eq. (4) table with the text proxy of the replaced
+step as a latent's true value, `stabray.stability.decomposition.latent_errors`).
 
 New tokens: the embedded tokenizer reserves `<bot>`, `<eot>`, `<latent>`; a pretrained tokenizer
 gets them in `bind_tokenizer` (the embeddings are then resized). The embedded model trains every
@@ -48,6 +52,7 @@ class CoconutParams:
     max_stage: int = 3  # steps replaced by latents at most (Hao et al.'s max_latent_stage)
     epochs_per_stage: int = 1  # epochs spent at each curriculum stage
     pad_to_max: bool = True  # final stage and evaluation: always max_stage * c latents (no peeking at T)
+    reset_optimizer: bool = True  # Hao et al.: a fresh optimizer (and learning-rate schedule) at each stage switch
 
 
 @METHODS.register("coconut")
@@ -75,6 +80,15 @@ class Coconut(Method):
             return stage, stage * p.latents_per_step
         k = p.max_stage if p.pad_to_max else min(n_steps, p.max_stage)
         return n_steps, k * p.latents_per_step
+
+    def on_train_step(self, step, steps_per_epoch):
+        """At the first step of an epoch whose curriculum differs from the previous epoch's: a fresh
+        optimizer and a fresh learning-rate schedule (warm-up, then its shape over the remaining
+        steps), as Hao et al.'s `reset_optimizer` (their learning rate is constant)."""
+        if not self.params.reset_optimizer or step == 0 or step % steps_per_epoch:
+            return None
+        e, last = step // steps_per_epoch, self.params.max_stage + 1  # stages past max_stage are one stage
+        return "schedule" if min(self.stage(e), last) != min(self.stage(e - 1), last) else None
 
     @staticmethod
     def markers(n_latent: int) -> str:

@@ -22,11 +22,14 @@ def pick_device(prefer: str = "auto") -> torch.device:
     return torch.device("cuda")
 
 
-def lr_schedule(optimizer, cfg: TrainCfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over cfg.warmup_steps, then constant or cosine down to 10% of the peak."""
+def lr_schedule(optimizer, cfg: TrainCfg, total_steps: int, offset: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over cfg.warmup_steps, then constant or cosine down to 10% of the peak, over
+    `total_steps`; the scheduler's step k reads the schedule at k + offset (a fresh optimizer that
+    keeps the schedule's place)."""
     total = max(1, total_steps)
 
-    def lr_lambda(step: int) -> float:
+    def lr_lambda(k: int) -> float:
+        step = k + offset
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
         if cfg.schedule == "constant":
@@ -55,12 +58,35 @@ class Trainer:
         self.train_data = train_data
         self.epoch = 0  # epochs completed
         self.params = method.trainable_parameters(model)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         n = len(self._examples(0))
         steps = math.ceil(n / cfg.batch_size)
         self.steps_per_epoch = min(steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else steps
-        self.scheduler = lr_schedule(self.optimizer, cfg, self.steps_per_epoch * cfg.epochs)
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        # The schedule in use: (start, total, offset) = it was (re)built at global step `start` over
+        # `total` steps, reading the schedule at k + offset (stored in checkpoints: a resumed run
+        # rebuilds the same one). Resets (Method.on_train_step) rebuild it.
+        self.sched = (0, self.total_steps, 0)
+        self._build_optimizer()
+        self.resets = 0  # optimizer resets so far
         self.autocast = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+    def _build_optimizer(self) -> None:
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        _, total, offset = self.sched
+        self.scheduler = lr_schedule(self.optimizer, self.cfg, total, offset)
+
+    def reset(self, what: str, step: int) -> None:
+        """A fresh optimizer at global step `step`; what="schedule" also restarts the learning-rate
+        schedule (warm-up, then its shape) over the remaining steps, "optimizer" keeps its place."""
+        if what == "schedule":
+            self.sched = (step, self.total_steps - step, 0)
+        elif what == "optimizer":
+            start, total, offset = self.sched
+            self.sched = (step, total, offset + step - start)
+        else:
+            raise ValueError(f"reset must be 'optimizer' or 'schedule', got {what!r}")
+        self._build_optimizer()
+        self.resets += 1
 
     def _examples(self, epoch: int) -> list[Example]:
         return self.train_data(epoch) if callable(self.train_data) else self.train_data
@@ -78,6 +104,10 @@ class Trainer:
             idx = order[b * bs : (b + 1) * bs]
             if len(idx) == 0:
                 break
+            step = epoch * self.steps_per_epoch + b  # global optimizer step
+            reset = self.method.on_train_step(step, self.steps_per_epoch)
+            if reset:
+                self.reset(reset, step)
             items = []
             for i in idx:
                 prompt, steps = self.method.train_view(examples[i], epoch, rng)
@@ -109,9 +139,14 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "epoch": self.epoch,
             "torch_rng": torch.get_rng_state(),
+            "sched": list(self.sched),
+            "resets": self.resets,
         }
 
     def load_state_dict(self, state: dict) -> None:
+        self.sched = tuple(state.get("sched", (0, self.total_steps, 0)))
+        self.resets = int(state.get("resets", 0))
+        self._build_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])
