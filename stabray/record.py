@@ -73,7 +73,8 @@ METRICS: dict[str, Metric] = {
         Metric(
             "val_loss",
             "epoch",
-            "teacher-forced squared error ||f_W(true prefix) - theta_t||^2, mean over steps",
+            "teacher-forced squared error ||f_W(true prefix) - theta_bar_t||^2 against the training labels, mean "
+            "over steps (theta_bar_T = theta* with task param last_target=star, the paper's L^CoT; theta_T with gd)",
             runners=_ICL,
         ),
         Metric(
@@ -119,7 +120,8 @@ METRICS: dict[str, Metric] = {
             "test split: final-answer loss (nats/token) given the model's own chain minus given the method's gold "
             "evaluation chain (Alg. 1 / MTP with lam < 1: the compressed chain; Implicit CoT: the empty chain). "
             "Not logged for No CoT (both prefixes are the prompt)",
-            icl_meaning="infer_loss - tf_loss at T_max",
+            icl_meaning="inference minus teacher-forced loss at T_max against the last label (theta*: infer_star - "
+            "tf_star with last_target=star; theta_T: infer_loss - tf_loss with gd)",
         ),
         Metric(
             "final_eaf",

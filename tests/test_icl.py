@@ -77,7 +77,9 @@ def _cfg(tmp_path, name="icl_linear", epochs=5, train_size=1000, **params):
 
 
 def test_trained_linear_jacobian_matches_theory(tmp_path):
-    run = make_run(_cfg(tmp_path, epochs=6, train_size=2000))
+    # every label a GD iterate (last_target=gd): the theory's Jacobian is the GD step's, and with theta*
+    # as the last label (the default, the paper's L^CoT) the learned step is pulled toward theta*
+    run = make_run(_cfg(tmp_path, epochs=6, train_size=2000, last_target="gd"))
     for _ in range(run.train_cfg.epochs):
         m = run.epoch()
     assert m["val_loss"] < 1e-3
@@ -130,6 +132,28 @@ def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     want = again.decomposition(8)
     assert [r["T"] for r in got] == list(range(1, T + 1))
     assert [r["eaf"] for r in got] == pytest.approx([r["eaf"] for r in want], rel=1e-9)
+
+
+def test_last_cot_label_is_theta_star(tmp_path):
+    """L^CoT (Appendix A.2 / A.3.2): the labels are theta_1..theta_{T-1} and theta* for the last step;
+    last_target=gd keeps theta_T. The training loss, val_loss and the loss gap follow the label."""
+    from stabray.train.icl import chain_loss
+
+    star = make_run(_cfg(tmp_path, epochs=1))
+    gd = make_run(_cfg(tmp_path, epochs=1, last_target="gd"))
+    assert star.p.last_target == "star"  # the default
+    X, y, ts, th = (a[:16] for a in star.data["val"])
+    with torch.no_grad():
+        pred = star.model(X, y, th[:, :-1])
+        lab = th[:, 1:].clone()
+        lab[:, -1] = ts
+        want = float(((pred - lab) ** 2).sum(-1).mean())
+        assert float(chain_loss(star, X, y, ts, th)) == pytest.approx(want, rel=1e-12)
+        assert float(chain_loss(gd, X, y, ts, th)) == pytest.approx(float(((pred - th[:, 1:]) ** 2).sum(-1).mean()))
+        assert abs(float(chain_loss(gd, X, y, ts, th)) - want) > 1e-3
+    c = star.curves_of("val", 16, noise_draws=0)
+    assert star._tf_label_loss(c) == [*c["tf_loss"][:-1], c["tf_star"][-1]]
+    assert gd._tf_label_loss(c) == c["tf_loss"]
 
 
 def test_quadratic_runner_one_epoch(tmp_path):
@@ -392,7 +416,7 @@ def test_trained_quadratic_jacobian_matches_theory(tmp_path):
         {
             "task": {
                 "name": "icl_quadratic",
-                "params": {"T_max": 20},
+                "params": {"T_max": 20, "last_target": "gd"},  # the GD theory's check: every label a GD iterate
                 "train_size": 256,
                 "val_size": 64,
                 "test_size": 64,

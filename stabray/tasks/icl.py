@@ -58,6 +58,9 @@ class ICLParams:
     # training loss per teacher-forced step: "abs" = ||f_W(z) - theta_t||^2; "step" = the same divided by the
     # squared GD step ||theta_t - theta_{t-1}||^2 (the relative step error; copying theta_{t-1} scores 1)
     loss: str = "abs"
+    # label of the last step of a training chain: "star" = theta* (the paper's L^CoT, Appendix A.2 / A.3.2:
+    # theta_bar_T = theta*), "gd" = the gradient-descent iterate theta_T (every label a GD step)
+    last_target: str = "star"
     weights: str = "full"  # trained entries of W^KQ / W^PV: full (eq. 5) or blocks (those of Lemma 3.3; models/icl.py)
     # adamw: minibatches of train.batch_size with the trial's lr schedule; lbfgs: each epoch runs lbfgs_iters
     # L-BFGS iterations (strong-Wolfe line search, step train.lr) on the epoch's whole training split, i.e.
@@ -110,6 +113,8 @@ class ICLTask(Task):
                 f"task {self.name!r}: optimizer must be 'adamw' or 'lbfgs' (lbfgs_iters >= 1), "
                 f"got {p.optimizer!r} / {p.lbfgs_iters}"
             )
+        if p.last_target not in ("star", "gd"):
+            raise UserError(f"task {self.name!r}: last_target must be 'star' or 'gd', got {p.last_target!r}")
         if p.loss not in ("abs", "step"):
             raise UserError(f"task {self.name!r}: loss must be 'abs' or 'step', got {p.loss!r}")
         if p.init not in ("random", "aligned"):

@@ -1,9 +1,11 @@
 """The "icl" trial runner: the in-context gradient-descent tasks (icl_linear, icl_quadratic; paper
 §3.2), behind the same `stabray.train.runner.Runner` protocol as the text runner.
 
-Training: squared loss ||f_W(z^(t-1)) - theta_t||^2 on every teacher-forced step of a chain (the
-`sft_cot` method; one forward per chain), AdamW with the trial's schedule. With task param
-loss=step each term is divided by the squared GD step ||theta_t - theta_{t-1}||^2 (the relative step
+Training: the paper's L^CoT, squared loss ||f_W(z^(t-1)) - theta_bar_t||^2 on every teacher-forced
+step of a chain (the `sft_cot` method; one forward per chain), with labels theta_bar_t = theta_t for
+t < T and theta_bar_T = theta* (task param last_target=star, the default; last_target=gd labels the
+last step with the GD iterate theta_T too), AdamW with the trial's schedule. With task param
+loss=step each term is divided by the squared step ||theta_bar_t - theta_{t-1}||^2 (the relative step
 error), so every prompt and step weighs the same whatever the size of its step. With task param
 optimizer=lbfgs each epoch is lbfgs_iters iterations of torch.optim.LBFGS on the epoch's whole
 training split (deterministic full-batch descent, as the gradient flow of Theorem 3.4). Float64 throughout: the
@@ -55,12 +57,21 @@ def sq(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b) ** 2).sum(-1).mean())
 
 
-def chain_loss(run: "ICLRun", X, y, th) -> torch.Tensor:
-    """The training loss on teacher-forced chains (task param `loss`: abs or step)."""
-    pred = run.model(X, y, th[:, :-1])  # (B, T, d): teacher-forced theta_1..theta_T
-    err = ((pred - th[:, 1:]) ** 2).sum(-1)  # (B, T)
+def labels(run: "ICLRun", ts: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
+    """theta_bar_1..theta_bar_T (B, T, d): the GD iterates, the last replaced by theta* (last_target=star)."""
+    lab = th[:, 1:]
+    if run.p.last_target == "star":
+        lab = torch.cat([lab[:, :-1], ts[:, None]], 1)
+    return lab
+
+
+def chain_loss(run: "ICLRun", X, y, ts, th) -> torch.Tensor:
+    """The training loss on teacher-forced chains (task param `loss`: abs or step; `last_target`)."""
+    pred = run.model(X, y, th[:, :-1])  # (B, T, d): teacher-forced predictions of steps 1..T
+    lab = labels(run, ts, th)
+    err = ((pred - lab) ** 2).sum(-1)  # (B, T)
     if run.p.loss == "step":
-        err = err / ((th[:, 1:] - th[:, :-1]) ** 2).sum(-1).clamp_min(1e-30)
+        err = err / ((lab - th[:, :-1]) ** 2).sum(-1).clamp_min(1e-30)
     return err.mean()
 
 
@@ -94,14 +105,14 @@ class ICLTrainer:
         by the split's mean squared GD step (a constant: same minimizer, O(1) values for the line search
         and the tolerances); train_loss reports the loss itself."""
         run = self.run
-        X, y, _, th = data
+        X, y, ts, th = data
         scale = float(((th[:, 1:] - th[:, :-1]) ** 2).sum(-1).mean()) if run.p.loss == "abs" else 1.0
         run.model.train()
         t0 = time.perf_counter()
 
         def closure():
             self.optimizer.zero_grad(set_to_none=True)
-            loss = chain_loss(run, X, y, th) / scale
+            loss = chain_loss(run, X, y, ts, th) / scale
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"training loss became {float(loss)} at epoch {self.epoch + 1}")
             loss.backward()
@@ -109,7 +120,7 @@ class ICLTrainer:
 
         self.optimizer.step(closure)
         with torch.no_grad():
-            final = float(chain_loss(run, X, y, th))
+            final = float(chain_loss(run, X, y, ts, th))
         self.epoch += 1
         return {"train_loss": final, "epoch_time_s": time.perf_counter() - t0}
 
@@ -125,8 +136,8 @@ class ICLTrainer:
             idx = torch.as_tensor(order[b * cfg.batch_size : (b + 1) * cfg.batch_size])
             if len(idx) == 0:
                 break
-            X, y, _, th = (a[idx] for a in data)
-            loss = chain_loss(run, X, y, th)
+            X, y, ts, th = (a[idx] for a in data)
+            loss = chain_loss(run, X, y, ts, th)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"training loss became {float(loss)} at epoch {self.epoch + 1}, step {b + 1}")
             self.optimizer.zero_grad(set_to_none=True)
@@ -239,6 +250,18 @@ class ICLRun(Runner):
             out["acc"].append(float((rel < ACC_TOL).double().mean()))
         return {k: v for k, v in out.items() if v}
 
+    def _tf_label_loss(self, c: dict[str, list[float]]) -> list[float]:
+        """Teacher-forced squared error per step against the training labels (theta* at the last step
+        with last_target=star)."""
+        last = c["tf_star"][-1] if self.p.last_target == "star" else c["tf_loss"][-1]
+        return [*c["tf_loss"][:-1], last]
+
+    def _infer_tf_last(self, c: dict[str, list[float]]) -> tuple[float, float]:
+        """(inference, teacher-forced) loss at T_max against the last label (theta* or theta_T)."""
+        if self.p.last_target == "star":
+            return c["infer_star"][-1], c["tf_star"][-1]
+        return c["infer_loss"][-1], c["tf_loss"][-1]
+
     def _noisy_model(self, sigma: float, seed: int):
         m = copy.deepcopy(self.model)
         g = torch.Generator().manual_seed(seed)
@@ -314,7 +337,7 @@ class ICLRun(Runner):
         c = self.curves_of("val", ev.val_examples, noise_draws=0)
         m.update(
             val_acc=c["acc"][-1],
-            val_loss=float(np.mean(c["tf_loss"])),
+            val_loss=float(np.mean(self._tf_label_loss(c))),
             val_infer_loss=c["infer_loss"][-1],
             val_infer_star=c["infer_star"][-1],
             val_time_s=time.perf_counter() - t0,
@@ -342,7 +365,7 @@ class ICLRun(Runner):
         }
         out: dict[str, float] = {
             "test_acc": c["acc"][-1],
-            "loss_gap": c["infer_loss"][-1] - c["tf_loss"][-1],
+            "loss_gap": self._infer_tf_last(c)[0] - self._infer_tf_last(c)[1],
             "test_infer_loss": c["infer_loss"][-1],
             "test_infer_star": c["infer_star"][-1],
             "final_eaf": s["eaf"][-1],
@@ -360,10 +383,11 @@ class ICLRun(Runner):
 
     def decomposition(self, n: int, split: str = "test", max_T: int | None = None) -> list[dict[str, float]]:
         """eq. (4) per T (Table 2 columns) with exact Jacobians. eps_t / r_t = max over prompts of the
-        step-t error given the true / generated prefix; C1 = max ||d loss / d output|| = 2 max r_T;
-        C2 = max over prompts of ||J(x + delta) - J(x)|| / ||delta|| (largest block), delta = 1% of
-        the prefix norm."""
-        X, y, _, th = (a[:n] for a in self.data[split])
+        step-t error given the true / generated prefix (against theta_t); the loss at T is against the
+        last label (theta* with last_target=star, as the paper's test loss; theta_T with gd), so
+        C1 = max ||d loss / d output|| = 2 max ||hat theta_T - label||; C2 = max over prompts of
+        ||J(x + delta) - J(x)|| / ||delta|| (largest block), delta = 1% of the prefix norm."""
+        X, y, ts, th = (a[:n] for a in self.data[split])
         with torch.no_grad():
             gen = self.model.generate(X, y, th[:, 0], self.T)
             tf = self.model(X, y, th[:, :-1])
@@ -385,10 +409,11 @@ class ICLRun(Runner):
         C2 = float((torch.linalg.matrix_norm(J1 - J0, ord=2).flatten(1).amax(1) / delta.flatten(1).norm(dim=1)).amax())
         rows = []
         for T in range(1, (self.T if max_T is None else min(max_T, self.T)) + 1):
-            C1 = 2 * float(r[T - 1])
+            target = ts if self.p.last_target == "star" else th[:, T]
+            C1 = 2 * float((gen[:, T] - target).norm(dim=-1).amax())
             first = C1 * sum(float(rho[t, T] * eps[t - 1]) for t in range(1, T))
             second = C1 * C2 / 2 * sum(float(rho[t, T]) * float(r[: t - 1].sum()) ** 2 for t in range(2, T + 1))
-            gap = abs(sq(gen[:, T], th[:, T]) - sq(tf[:, T - 1], th[:, T]))
+            gap = abs(sq(gen[:, T], target) - sq(tf[:, T - 1], target))
             bound = first + second
             rows.append(
                 {
