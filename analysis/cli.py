@@ -54,6 +54,32 @@ def register_rerun(subparsers) -> None:
     p.set_defaults(func=_rerun)
 
 
+def _table3_study(args) -> int:
+    from pathlib import Path
+
+    from analysis.load import load
+    from analysis.tables import bits_study
+
+    table = bits_study(load(args.experiment, args.tracking_uri, args.ray_dir).trials)
+    print(table.to_markdown())
+    if args.out:
+        for path in table.write(Path(args.out)):
+            print(f"wrote {path}")
+    return 0
+
+
+def register_table3_study(subparsers) -> None:
+    """Add the `table3-study` subcommand: Table 3 of a grid study (λ x bits x seeds), mean ± std."""
+    p = subparsers.add_parser(
+        "table3-study",
+        help="Table 3 of a grid study (e.g. sweeps/table3_dijkstra.yaml): per λ and bits, mean ± std over seeds",
+    )
+    _common(p)
+    p.add_argument("--ray-dir", default=None, help="read a Ray Tune experiment dir instead of MLflow")
+    p.add_argument("--out", default=None, help="also write the table (md, tex, csv) into this folder")
+    p.set_defaults(func=_table3_study)
+
+
 def _icl_figures(args) -> int:
     from analysis.icl_figures import run
 
@@ -93,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     register(sub)
     register_rerun(sub)
     register_icl_figures(sub)
+    register_table3_study(sub)
     return parser
 
 

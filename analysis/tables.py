@@ -251,37 +251,42 @@ def table1_length(trials: pl.DataFrame, longer: bool = False) -> Table:
 # ----------------------------------------------------------------------------------- stability
 
 
-def _at_tmax(decomp: pl.DataFrame) -> pl.DataFrame:
-    """Each trial's decomposition row at its largest T."""
+PAPER_T = 5  # Tables 2-4 of the paper are at T = 5
+
+
+def _at_T(decomp: pl.DataFrame, T: int = PAPER_T) -> pl.DataFrame:
+    """Each trial's decomposition row at min(T, its T_max) (T = 0: T_max)."""
     if decomp.is_empty():
         return decomp
-    return decomp.sort(["trial_id", "T"]).group_by("trial_id", maintain_order=True).last()
+    rows = decomp if T <= 0 else decomp.filter(pl.col("T") <= T)
+    return rows.sort(["trial_id", "T"]).group_by("trial_id", maintain_order=True).last()
 
 
-def _decomp_means(trials, decomp, selected, by, keys) -> dict[tuple, dict]:
-    """Per group: mean over the selected configuration's seeds of the T_max decomposition."""
-    tmax = _at_tmax(decomp)
-    if tmax.is_empty():
+def _decomp_means(trials, decomp, selected, by, keys, T: int = PAPER_T) -> dict[tuple, dict]:
+    """Per group: mean over the selected configuration's seeds of the decomposition at T (T_max if
+    the chains are shorter); "T" = the largest T used."""
+    at = _at_T(decomp, T)
+    if at.is_empty():
         return {}
     seeds = seeds_of(trials, selected, by).select([*by, "trial_id"])
-    rows = tmax.drop([c for c in by if c in tmax.columns]).join(seeds, on="trial_id", how="inner")
-    agg = rows.group_by(list(by), maintain_order=True).agg(
-        [pl.col(k).mean() for k in keys] + [pl.col("T").max().alias("T_max")]
-    )
+    rows = at.drop([c for c in by if c in at.columns]).join(seeds, on="trial_id", how="inner")
+    agg = rows.group_by(list(by), maintain_order=True).agg([pl.col(k).mean() for k in keys] + [pl.col("T").max()])
     return {tuple(r[c] for c in by): r for r in agg.iter_rows(named=True)}
 
 
-def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
-    """Per task, method and bit-width: test accuracy, loss gap, bound, Σρ and Σε at T_max."""
-    name, caption = "table3_bits", "Decomposition of eq. (4) per QAT bit-width at T_max (* = selected on validation)"
+def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Table:
+    """Per task, method and bit-width: test accuracy, loss gap, bound, Σρ and Σε at T (5, as the
+    paper; T_max where the chains are shorter), on each method's evaluation chain."""
+    name = "table3_bits"
+    caption = f"Decomposition of eq. (4) per QAT bit-width at T = {T} or T_max if smaller (* = selected on validation)"
     by = ("task", "method", "bits")
-    cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T_max", "sel."]
+    cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T", "sel."]
     with_bits = trials.filter(pl.col("bits").is_not_null())
     if with_bits.is_empty():
         return _empty(name, caption, "No trial logged a bits param.", cols)
     selected = select_best(with_bits, by)
     acc = {tuple(r[c] for c in by): r for r in mean_std(with_bits, selected, "test_acc", by).iter_rows(named=True)}
-    dec = _decomp_means(with_bits, decomp, selected, by, ["loss_gap", "bound", "eaf", "sum_eps"])
+    dec = _decomp_means(with_bits, decomp, selected, by, ["loss_gap", "bound", "eaf", "sum_eps"], T)
     winners = {tuple(r[c] for c in GROUP) + (r["bits"],) for r in select_best(with_bits).iter_rows(named=True)}
     scale = _pct_scale(with_bits["test_acc"])
     fallback = {tuple(r[c] for c in by): r for r in selected.iter_rows(named=True)}
@@ -302,7 +307,7 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
             "bound": d.get("bound"),
             "sum_rho": eaf,
             "sum_eps": d.get("sum_eps"),
-            "T_max": d.get("T_max"),
+            "T": d.get("T"),
             "selected": key in winners,
         }
         data.append(rec)
@@ -316,26 +321,27 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
                 fmt_num(rec["bound"]),
                 fmt_num(eaf),
                 fmt_num(rec["sum_eps"]),
-                fmt_num(rec["T_max"]),
+                fmt_num(rec["T"]),
                 "*" if rec["selected"] else "",
             ]
         )
-    note = "" if dec else "No stability decomposition logged: bound, Σε and T_max are missing."
+    note = "" if dec else "No stability decomposition logged: bound, Σε and T are missing."
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
 
-def table4(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
-    """Bound decomposition at T_max per (task, method) selected configuration."""
+def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Table:
+    """Bound decomposition at T (5, as the paper; T_max if smaller) per (task, method) selected
+    configuration, on each method's evaluation chain (Coconut: its latent slots)."""
     name, caption = (
         "table4_decomposition",
-        "Decomposition of eq. (4) at T_max per method (selected configuration, mean over seeds)",
+        f"Decomposition of eq. (4) at T = {T} or T_max if smaller, per method (selected configuration, seed mean)",
     )
     keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
-    cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T_max"]
+    cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T"]
     selected = select_best(trials)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", cols)
-    dec = _decomp_means(trials, decomp, selected, GROUP, keys)
+    dec = _decomp_means(trials, decomp, selected, GROUP, keys, T)
     tasks = ordered(selected["task"].to_list(), TASK_ORDER)
     meths = ordered(selected["method"].to_list(), PAPER_METHODS)
     disp, data = [], []
@@ -345,18 +351,79 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame) -> Table:
         vals = {k: d.get(k) for k in keys}
         if vals["loss_gap"] is None:
             vals["loss_gap"] = r["loss_gap"]
-        data.append({"task": r["task"], "model": model, "method": r["method"], **vals, "T_max": d.get("T_max")})
+        data.append({"task": r["task"], "model": model, "method": r["method"], **vals, "T": d.get("T")})
         disp.append(
             [
                 task_label(r["task"]),
                 model or MISSING,
                 method_label(r["method"]),
                 *(fmt_num(vals[k]) for k in keys),
-                fmt_num(d.get("T_max")),
+                fmt_num(d.get("T")),
             ]
         )
     note = "" if dec else "No stability decomposition logged: only the trials' own loss gap is shown."
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
+
+
+def _pm(mean, std) -> str:
+    """`mean ± std` at 3 significant digits; the mean alone with one seed."""
+    if _missing(mean):
+        return MISSING
+    return fmt_num(mean) if _missing(std) else f"{fmt_num(mean)} ± {fmt_num(std)}"
+
+
+STUDY_METRICS = [  # (column label, metric, scale to percent)
+    ("Test acc. (%)", "test_acc", True),
+    ("Loss gap", "test_loss_gap_at_T", False),
+    ("Bound", "test_bound_at_T", False),
+    ("Σρ", "test_eaf_at_T", False),
+    ("Σε", "test_sum_eps_at_T", False),
+]
+
+
+def bits_study(trials: pl.DataFrame, by: Sequence[str] = ("task", "method", "lam", "bits")) -> Table:
+    """Table 3 of a grid study (every configuration run with several seeds, no selection): per
+    (task, method, λ, bits), mean ± sample std (ddof=1) over the finished trials of test accuracy and
+    the eq. (4) table read at stability_T (the `test_*_at_T` metrics: Σρ = test_eaf_at_T, Σε =
+    test_sum_eps_at_T, each on the method's evaluation chain), with n and the T used."""
+    name = "table3_study"
+    caption = "Table 3 at laptop scale: eq. (4) terms per λ and bit-width at T = stability_T, mean ± std over seeds"
+    by = list(by)
+    cols = ["Task", "Method", "λ", "Bits", "n", *(c for c, _, _ in STUDY_METRICS), "T"]
+    done = trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED"))
+    need = [m for _, m, _ in STUDY_METRICS] + ["stability_T"]
+    if done.is_empty() or any(c not in done.columns for c in need + by):
+        return _empty(name, caption, "No finished trial with the test_*_at_T metrics.", cols)
+    aggs = [pl.len().alias("n")]
+    for _, m, _ in STUDY_METRICS:
+        aggs += [pl.col(m).mean().alias(f"{m}_mean"), pl.col(m).std(ddof=1).alias(f"{m}_std")]
+    aggs += [pl.col("stability_T").min().alias("T_min"), pl.col("stability_T").max().alias("T_max")]
+    data = done.group_by(by).agg(aggs).sort(by)
+    scale = _pct_scale(done["test_acc"])
+    disp = []
+    for r in data.iter_rows(named=True):
+        T = (
+            MISSING
+            if r["T_min"] is None
+            else f"{r['T_min']:g}" + (f"–{r['T_max']:g}" if r["T_max"] != r["T_min"] else "")
+        )
+        cells = []
+        for _, m, pct in STUDY_METRICS:
+            k = scale if pct else 1.0
+            mean, std = r[f"{m}_mean"], r[f"{m}_std"]
+            cells.append(_pm(None if mean is None else mean * k, None if std is None else std * k))
+        disp.append(
+            [
+                task_label(r["task"]),
+                method_label(r["method"]),
+                fmt_num(r["lam"]),
+                str(r["bits"]),
+                str(r["n"]),
+                *cells,
+                T,
+            ]
+        )
+    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)
 
 
 # ----------------------------------------------------------------------------------- Table 5, EAF

@@ -184,7 +184,7 @@ def test_decomposition_tables():
     t3 = table3(trials, full)
     one_bit = t3.data.filter((pl.col("method") == "alg1") & (pl.col("bits") == 1)).row(0, named=True)
     assert one_bit["sum_rho"] == pytest.approx(6.0)  # mean of eaf*T at T=4 over the two seeds: (4 + 8) / 2
-    assert one_bit["test_acc_pct"] == pytest.approx(71.0) and one_bit["T_max"] == 4
+    assert one_bit["test_acc_pct"] == pytest.approx(71.0) and one_bit["T"] == 4  # T = 5 asked, T_max = 4
     assert t3.data.filter(pl.col("bits") == 4)["selected"].to_list() == [True]
     t4 = table4(trials, full).data.filter(pl.col("method") == "alg1").row(0, named=True)
     assert t4["bound"] == pytest.approx(6.0) and t4["C2"] == 5.0
@@ -366,3 +366,44 @@ def test_ray_dir_of_a_real_sweep_names_task_and_method(tmp_path):
     assert df["seed"].to_list() == [0, 1] and df["lam"].to_list() == [1.0, 1.0] and df["lr"].to_list() == [1.0, 1.0]
     assert df["init_gain"].to_list() == [0.5, 0.75]
     assert select_best(df)["trial_id"].to_list() == ["t1"]
+
+
+def test_table3_reads_the_decomposition_at_T5():
+    """Tables 3-4 are at T = 5 (the paper's), T_max only where a chain is shorter."""
+    trials = trials_frame([rec("a", method="alg1", bits=2, val=(0.7,), test=0.7)])
+    decomp = decomposition_frame([rec("a", method="alg1", bits=2, decomp=decomp_rows(7, eaf=1.0))])
+    row = table3(trials, decomp).data.row(0, named=True)
+    assert row["T"] == 5 and row["sum_rho"] == pytest.approx(5.0)  # eaf * T at T = 5, not at T_max = 7
+    assert table3(trials, decomp, T=0).data.row(0, named=True)["T"] == 7
+    assert table4(trials, decomp).data.row(0, named=True)["T"] == 5
+
+
+def test_bits_study_mean_std_n_against_numpy():
+    """The grid study's table: per (lam, bits) the mean ± sample std and n over seeds of each
+    test_*_at_T metric, no selection; stopped trials do not count."""
+    from analysis.tables import STUDY_METRICS, bits_study
+
+    rng = np.random.default_rng(0)
+    records, values = [], {}
+    for lam in (1.0, 0.1):
+        for bits in (1, 32):
+            for seed in range(3):
+                m = {metric: float(rng.uniform(0.1, 50)) for _, metric, _ in STUDY_METRICS}
+                m["test_acc"] = float(rng.uniform(0.3, 0.9))
+                m["stability_T"] = 4.0 if lam == 1.0 else 2.0
+                r = rec(f"{lam}-{bits}-{seed}", method="alg1", bits=bits, lam=lam, seed=seed, val=(0.5,))
+                r.metrics.update(m)
+                records.append(r)
+                values.setdefault((lam, bits), []).append(m)
+    stopped = rec("x", method="alg1", bits=1, lam=1.0, seed=9, status="STOPPED")
+    stopped.metrics.update({metric: 1e6 for _, metric, _ in STUDY_METRICS} | {"stability_T": 4.0})
+    t = bits_study(trials_frame([*records, stopped]))
+    assert t.data.height == 4 and t.data["n"].to_list() == [3, 3, 3, 3]
+    for r in t.data.iter_rows(named=True):
+        vs = values[(r["lam"], r["bits"])]
+        for _, metric, _ in STUDY_METRICS:
+            x = np.array([v[metric] for v in vs])
+            assert r[f"{metric}_mean"] == pytest.approx(x.mean()) and r[f"{metric}_std"] == pytest.approx(x.std(ddof=1))
+        assert r["T_min"] == r["T_max"] == (4.0 if r["lam"] == 1.0 else 2.0)
+    first = t.display.row(0, named=True)
+    assert first["n"] == "3" and " ± " in first["Σρ"] and first["T"] in ("2", "4")
