@@ -552,3 +552,42 @@ def test_alg1_gaussian_trains_with_noise_only_in_training(cache_dir):
         assert float(run.method.loss(run.model, batch)) != float(run.method.loss(run.model, batch))
     assert eval_loss(run, batch) == eval_loss(run, batch)
     assert np.isfinite(run.trainer.train_epoch()["train_loss"])
+
+
+@pytest.mark.parametrize("quantizer", ["lsq", "fixed"])
+def test_lora_merged_quantization_is_q_of_w0_plus_ba(quantizer, cache_dir, local_pretrained, tmp_path):
+    """quantize=merged: each adapted layer computes with Q(W0 + s B A) (the paper's Q of the
+    full-precision weight), gradients reach A and B, the learned steps train and are checkpointed."""
+    from stabray.methods.qat import MergedLoRAQuantize, lora_layers, lsq_quantize, quantize
+    from stabray.train import load_run
+
+    cfg = config(cache_dir, "alg1", model={"pretrained": local_pretrained, "lora": {"rank": 4, "alpha": 8}})
+    cfg["method"]["params"] = {"lam": 0.5, "bits": 2, "quantize": "merged", "quantizer": quantizer}
+    run = TrialRun(cfg)
+    layers = lora_layers(run.model)
+    assert layers and all(
+        isinstance(lay.base_layer.parametrizations.weight[0], MergedLoRAQuantize) for _, lay in layers
+    )
+    _, lay = layers[0]
+    with torch.no_grad():
+        for p in lay.lora_B.parameters():
+            p.normal_(0, 0.05)  # B = 0 at init: make the adapter matter
+    a = lay.active_adapters[0]
+    W0 = lay.base_layer.parametrizations.weight.original
+    merged = W0 + lay.scaling[a] * lay.lora_B[a].weight @ lay.lora_A[a].weight
+    q = lay.base_layer.parametrizations.weight[0].quant
+    Wq = lsq_quantize(merged, q.step, q.offset, 2) if quantizer == "lsq" else quantize(merged, 2)
+    x = torch.randn(3, W0.shape[1])
+    torch.testing.assert_close(lay(x), x @ Wq.T, rtol=1e-5, atol=1e-6)
+    lay(x).sum().backward()
+    assert lay.lora_A[a].weight.grad.abs().sum() > 0 and lay.lora_B[a].weight.grad.abs().sum() > 0
+    assert not W0.requires_grad  # the base stays frozen
+    steps = {n: p for n, p in run.model.named_parameters() if n.endswith((".step", ".offset"))}
+    assert bool(steps) == (quantizer == "lsq") and all(p.requires_grad for p in steps.values())
+    run.model.zero_grad()
+    run.trainer.train_epoch()
+    run.save(tmp_path / "ck")
+    back = dict(load_run(tmp_path / "ck").model.named_parameters())
+    assert all(torch.equal(p, back[n]) for n, p in steps.items())
+    with pytest.raises(UserError, match="no LoRA"):
+        TrialRun({**config(cache_dir, "alg1"), "method": {"name": "alg1", "params": {"bits": 2, "quantize": "merged"}}})
