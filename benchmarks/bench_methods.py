@@ -35,7 +35,7 @@ from stabray.tasks import get_task
 VARIANTS = {
     "sft_cot": ("sft_cot", {}, 0),
     "no_cot": ("no_cot", {}, 0),
-    "implicit_cot@e2": ("implicit_cot", {"remove_per_epoch": 1.0}, 2),
+    "implicit_cot@e2": ("implicit_cot", {"remove_per_epoch": 1.0, "unit": "steps", "removal_smoothing": 0.0}, 2),
     "alg1 lam=1 1-bit": ("alg1", {"lam": 1.0, "bits": 1}, 0),
     "alg1 lam=1 2-bit": ("alg1", {"lam": 1.0, "bits": 2}, 0),
     "alg1 lam=1 4-bit": ("alg1", {"lam": 1.0, "bits": 4}, 0),

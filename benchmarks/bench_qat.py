@@ -5,8 +5,9 @@ model and batch.
     python benchmarks/bench_qat.py [--smoke] [--json out.json] [--steps 20] [--repeats 5] [--profile 2]
 
 The model is the default sweep's (embedded `mini`, built with the same seed for every bit-width and
-prepared by `alg1.prepare`, which registers the `FakeQuantize` parametrization on every Linear but
-the head); the batch is one fixed `collate`d batch of the default sweep's size (16 Dijkstra examples,
+prepared by `alg1.prepare`, which registers the default quantizer's parametrization, `LSQQuantize`
+(learned per-channel step and offset), on every Linear but the head; `--quantizer fixed` times the
+fixed-scale `FakeQuantize`); the batch is one fixed `collate`d batch of the default sweep's size (16 Dijkstra examples,
 full chains), so only the step itself is timed. Bit-widths run interleaved, `--repeats` rounds after
 a warm-up; each ratio is the median over rounds of (step time at b bits) / (step time at 32 bits),
 by wall time and by CPU time. Target (issue 8): <= 1.3x. `--profile B` adds a torch.profiler table
@@ -36,9 +37,9 @@ TARGET = 1.3  # step time at b bits over full precision
 BITS = (32, 1, 2, 3, 4, 8)
 
 
-def make(new_model, bits: int):
+def make(new_model, bits: int, quantizer: str = "lsq"):
     """(model, method, optimizer) for alg1 at `bits`, no compression (lam = 1: same batch for all)."""
-    method = get_method("alg1", lam=1.0, bits=bits)
+    method = get_method("alg1", lam=1.0, bits=bits, quantizer=quantizer)
     model = method.prepare(new_model())
     model.train()
     opt = torch.optim.AdamW(method.trainable_parameters(model), lr=LR, weight_decay=WD)
@@ -83,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--preset", default="mini")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quantizer", choices=["lsq", "fixed"], default="lsq", help="alg1's quantizer (default lsq)")
     p.add_argument("--profile", type=int, default=None, metavar="BITS", help="print a profile at this bit-width")
     args = p.parse_args(argv)
     steps, repeats = (2, 1) if args.smoke else (args.steps, args.repeats)
     torch.set_num_threads(args.threads)
     exs, enc, new_model = setup(args.batch_size, args.preset)
     batch = collate([enc.encode(e.question, e.steps, e.final) for e in exs], enc.pad)
-    setups = {b: make(new_model, b) for b in BITS}
+    setups = {b: make(new_model, b, args.quantizer) for b in BITS}
     for b in BITS:  # warm-up
         time_steps(setups[b], batch, max(1, steps // 4))
     rounds = []  # per round {bits: (wall s/step, CPU s/step)}
