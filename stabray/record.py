@@ -66,7 +66,8 @@ METRICS: dict[str, Metric] = {
             "error amplification factor sum_{i<T} rho_i^(T) at T = T_max on the first eval.eaf_examples validation "
             "examples, measured on the method's evaluation chain (eval.eaf_chain): gold = the steps the method "
             "trains the model to write (Alg. 1 / MTP with lam < 1: the floor(lam T) steps of its compressed chain; "
-            "SFT-CoT: every step; Coconut: its latent slots), generated = the model's own greedy chain. Not logged "
+            "SFT-CoT: every step; Coconut: its latent slots, holding the model's own latents), generated = the "
+            "model's own greedy chain. Not logged "
             "for No CoT and Implicit CoT, which answer without a chain (the sum over steps is empty)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
         ),
