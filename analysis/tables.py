@@ -409,9 +409,8 @@ def bits_study(trials: pl.DataFrame, by: Sequence[str] = ("task", "method", "lam
         )
         cells = []
         for _, m, pct in STUDY_METRICS:
-            k = scale if pct else 1.0
             mean, std = r[f"{m}_mean"], r[f"{m}_std"]
-            cells.append(_pm(None if mean is None else mean * k, None if std is None else std * k))
+            cells.append(fmt_pm(mean, std, scale) if pct else _pm(mean, std))  # accuracy: %, one decimal
         disp.append(
             [
                 task_label(r["task"]),
