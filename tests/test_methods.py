@@ -27,7 +27,11 @@ from stabray.train.run import TrialRun
 
 # Method settings that exercise each method's mechanics within 3 epochs (unknown methods: defaults).
 PARAMS = {
-    "alg1": {"lam": 0.5, "bits": 2},
+    # 4 bits: at 2 bits with seed 0 this 3-epoch tiny model (LSQ, the default quantizer) reaches the same
+    # loss as the fixed quantizer (2.55 vs 2.53) but greedy decoding repeats "|", which holds no final
+    # answer, while seeds 1 and 2 parse 8 of 8: which degenerate string an untrained model repeats is
+    # chance, and the check below is about decoding, not about the bit-width
+    "alg1": {"lam": 0.5, "bits": 4},
     "coconut": {"max_stage": 1},
     "implicit_cot": {"remove_per_epoch": 8.0},
     "nso": {"sigma": 0.01},
@@ -219,7 +223,8 @@ def test_removal_smoothing_is_the_exponential_law(lam):
         kept = m.train_view(EX, 0, rng)[1]
         counts[n_tok - sum(len(TOKEN_RE.findall(s)) for s in kept)] += 1
     p = (1 - np.exp(-lam)) * np.exp(-lam * np.arange(4))
-    np.testing.assert_allclose(counts[:4] / N, p, atol=4 * np.sqrt(p * (1 - p) / N) + 1e-4)
+    tol = 4 * np.sqrt(p * (1 - p) / N) + 1e-4  # 4 binomial standard errors
+    assert np.all(np.abs(counts[:4] / N - p) <= tol), (counts[:4] / N, p)
 
 
 def test_implicit_resets_the_optimizer_when_the_schedule_grows(cache_dir):
