@@ -158,3 +158,22 @@ def test_lsq_steps_train_and_are_checkpointed(alg1_run, tmp_path):
     run.save(tmp_path / "ck")
     back = dict(load_run(tmp_path / "ck").model.named_parameters())
     assert all(torch.equal(p, back[n]) for n, p in steps.items())
+
+
+def test_stability_cli_at_T(tmp_path):
+    """`stability --T 2` on a full-chain checkpoint: rows 1..2 only (the chain is cut after step 2) and
+    the row at T = 2 reported; `--T 9` beyond T_max reports the row at T_max."""
+    from stabray.cli import main
+
+    cfg = config(str(tmp_path / "cache"), "sft_cot", {})
+    run = TrialRun(cfg)
+    run.save(tmp_path / "ck")
+    args = ["stability", str(tmp_path / "ck"), "--n", "12", "--iters", "3"]
+    assert main([*args, "--T", "2", "--out", str(tmp_path / "t2")]) == 0
+    got = json.loads((tmp_path / "t2" / "stability.json").read_text())
+    assert [r["T"] for r in got["rows"]] == [1, 2] and got["at_T"]["stability_T"] == 2
+    assert got["at_T"]["test_eaf_at_T"] == pytest.approx(got["rows"][1]["eaf"])
+    assert main([*args, "--T", "9", "--out", str(tmp_path / "t9")]) == 0
+    got = json.loads((tmp_path / "t9" / "stability.json").read_text())
+    assert got["at_T"]["stability_T"] == got["rows"][-1]["T"] == 4  # 4-node chains: at most 3 steps
+    assert main([*args, "--T", "-1"]) == 2
