@@ -230,7 +230,12 @@ def test_runs_found_through_mlflow_server_rest_api(tmp_path):
         runs = json.loads(urllib.request.urlopen(req, timeout=30).read())["runs"]
         tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
         assert sorted(t.get("stabray.role") for t in tags) == ["sweep", "trial", "trial"]
-        assert all(r["info"]["status"] == "FINISHED" for r in runs)
+        # on failure: each run's status and error tag, and the sweep's summary (which names a failed trial)
+        ended = [
+            (t.get("mlflow.runName"), r["info"]["status"], t.get("stabray.error", "")[-600:])
+            for r, t in zip(runs, tags)
+        ]
+        assert all(status == "FINISHED" for _, status, _ in ended), (ended, res.stdout[-3000:])
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
