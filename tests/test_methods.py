@@ -183,6 +183,34 @@ def test_implicit_removes_leading_steps_linearly(per_epoch):
     assert m.eval_prompt(EX) == EX.question and m.eval_steps(EX) == ()  # answers "| final"
 
 
+@pytest.mark.parametrize(
+    "method, key, value, word",
+    [
+        ("coconut", "reset_optimizer", "maybe", "true or false"),
+        ("implicit_cot", "reset_optimizer", 1, "true or false"),
+        ("coconut", "max_stage", "abc", "an integer"),
+        ("coconut", "max_stage", 2.5, "an integer"),
+        ("alg1", "bits", True, "an integer"),
+        ("nso", "sigma", "abc", "a number"),
+        ("alg1", "quantizer", 1, "a string"),
+    ],
+)
+def test_hyperparameters_of_the_wrong_type_are_user_errors(method, key, value, word):
+    """Flags, counts and rates of every method are checked by type, naming the hyperparameter."""
+    with pytest.raises(UserError, match=f"method '{method}': {key} must be {word}, got {value!r}"):
+        get_method(method, **{key: value})
+
+
+def test_hyperparameters_take_yaml_and_numpy_spellings():
+    """`1e-3` (a string to YAML), numpy scalars from a search and 4.0 for an integer become the
+    field's own type."""
+    assert get_method("nso", sigma="1e-3").params.sigma == 1e-3
+    m = get_method("alg1", lam=np.float64(0.5), bits=np.int64(4))
+    assert type(m.params.lam) is float and type(m.params.bits) is int and m.params.bits == 4
+    assert get_method("alg1", bits=4.0).params.bits == 4 and type(get_method("alg1", lam=1).params.lam) is float
+    assert get_method("coconut", reset_optimizer=np.bool_(False)).params.reset_optimizer is False
+
+
 def test_implicit_token_unit_cuts_inside_a_step():
     n_tok = [len(TOKEN_RE.findall(s)) for s in EX.steps]  # 5 tokens each: [ 0 0 1 ]
     m = get_method("implicit_cot", remove_per_epoch=3, unit="tokens", removal_smoothing=0)

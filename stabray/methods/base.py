@@ -9,6 +9,7 @@ one `METHODS.register(...)` per method.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +47,35 @@ def load_spaces() -> dict[str, dict[str, dict[str, Any]]]:
     return {m: dict(s or {}) for m, s in data.items()}
 
 
+def typed_param(method: str, key: str, value: Any, default: Any) -> Any:
+    """`value` as the type of the hyperparameter's default (bool, int, float or str), else a UserError:
+    a YAML `maybe` for a flag or a string for a count must not reach the training loop. Values from a
+    search may be numpy scalars; a float may be written `1e-3`, which YAML reads as a string."""
+    where = f"method {method!r}: {key}"
+    if isinstance(default, bool):
+        if isinstance(value, bool | np.bool_):
+            return bool(value)
+        raise UserError(f"{where} must be true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():  # 4.0, as pydantic takes it for an int
+            return int(value)
+        raise UserError(f"{where} must be an integer, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UserError(f"{where} must be a number, got {value!r}")
+    if isinstance(default, str) and not isinstance(value, str):
+        raise UserError(f"{where} must be a string, got {value!r}")
+    return value
+
+
 class Method:
     name: ClassVar[str]  # set by METHODS.register
     Params: ClassVar[type] = NoParams
@@ -65,6 +95,8 @@ class Method:
                     f"method {self.name!r}: unknown hyperparameter {key!r}; "
                     f"known: {', '.join(sorted(names)) or '(none)'}"
                 )
+        defaults = {f.name: f.default for f in dataclasses.fields(self.Params)}
+        params = {k: typed_param(self.name, k, v, defaults[k]) for k, v in params.items()}
         self.params = self.Params(**params)
         self.validate()
 
