@@ -89,6 +89,12 @@ CASES = [
     ("uniform_empty", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"lam": {"uniform": [0.5, 0.5]}}})}, ["search.space.lam", "empty or reversed"]),
     ("randint_reversed", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"bits": {"randint": [4, 2]}}})}, ["search.space.bits", "reversed"]),
     ("choice_empty", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1"}, search={"space": {"lam": {"choice": []}}})}, ["search.space.lam", "empty list"]),
+    # -- sweep: method hyperparameters and stability settings
+    ("method_quantizer_unknown", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "alg1", "params": {"quantizer": "lsqq"}})}, ["quantizer must be one of", "'lsqq'"]),
+    ("method_flag_not_bool", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "coconut", "params": {"reset_optimizer": "maybe"}}, search={"space": {"lam": None, "bits": None}})}, ["reset_optimizer must be true or false", "'maybe'"]),
+    ("implicit_unit_unknown", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "implicit_cot", "params": {"unit": "words"}}, search={"space": {"lam": None, "bits": None}})}, ["unit must be 'steps' or 'tokens'", "'words'"]),
+    ("eaf_chain_unknown", ["sweep", "dijkstra", "--set", "eval.eaf_chain=own"], {}, ["--set eval.eaf_chain=own", "'gold' or 'generated'"]),
+    ("icl_last_target_unknown", ["sweep", "icl_linear", "--set", "task.params.last_target=theta"], {}, ["last_target must be 'star' or 'gd'", "'theta'"]),
     ("two_distributions", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"choice": [1e-3], "uniform": [1e-3, 2e-3]}}})}, ["search.space.lr", "exactly one of"]),
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),
@@ -121,6 +127,7 @@ CASES = [
     ("stability_target_missing", ["stability", "runs/ck"], {}, ["runs/ck", "no such checkpoint directory"]),
     ("stability_out_exists", ["stability", "ck", "--out", "o"], lambda d, f: with_outputs(d, f), ["stability.csv exists", "--force"]),
     ("stability_out_is_file", ["stability", "ck", "--out", "o"], lambda d, f: with_outputs(d, f, as_file=True), ["--out o", "a file"]),
+    ("stability_T_negative", ["stability", "ck", "--T", "-1"], lambda d, f: damage(d, f, None, None), ["--T must be >= 1", "got -1"]),
     ("stability_n_zero", ["stability", "ck", "--n", "0"], lambda d, f: damage(d, f, None, None), ["--n", ">= 1"]),
     # -- report, icl-figures, ui, tasks, the command itself
     ("report_no_store", ["report", "--experiment", "dijkstra"], {}, ["no MLflow store", "mlflow.db"]),
