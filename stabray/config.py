@@ -44,7 +44,16 @@ class ModelCfg(Strict):
     num_heads: int | None = Field(None, gt=0)
     intermediate_size: int | None = Field(None, gt=0)
     max_positions: int = Field(2048, gt=0)
-    family: Literal["qwen2", "gpt2"] = "qwen2"  # embedded architecture (RoPE vs learned absolute positions)
+    # embedded architecture: qwen2 (RoPE), gpt2 (learned absolute positions), bloom (ALiBi biases, no positions)
+    family: Literal["qwen2", "gpt2", "bloom"] = "qwen2"
+    positions: Literal["default", "none"] = "default"  # none: no positional encoding (NoPE; family gpt2 only)
+    # embedded: std of the normal initialisation of every weight matrix and embedding (transformers'
+    # initializer_range); None = transformers' 0.02. Tiny from-scratch models learn LEGO only from 0.1.
+    init_std: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # embedded tokenizer: "word" = one token per number; "digits" = one token per digit
+    # ("52134" -> 5 ##2 ##1 ##3 ##4, "0.25" -> 0 ##. ##2 ##5; decoded back to whole numbers)
+    numbers: Literal["word", "digits"] = "word"
+    freeze_embeddings: bool = False  # embedded: the (tied) token embeddings stay at their random init
 
 
 DEFAULT_METHOD = "sft_cot"  # a trial or sweep that names no method trains on the full chain
@@ -82,7 +91,9 @@ class EvalCfg(Strict):
     # T of the *_at_T final metrics (EAF, sum eps, bound, loss gap from the eq. (4) table): the row at
     # min(stability_T, T_max); Tables 2-4 of the paper are at T = 5. 0 = T_max
     stability_T: int = Field(5, ge=0)
-    long_splits: list[Literal["test_long", "test_longer"]] = ["test_long", "test_longer"]
+    # length-generalization splits to evaluate at the end; None = all of the task's: test_long and
+    # test_longer (10% / 20% larger inputs), or test_n<k> for each of the task's explicit long_sizes
+    long_splits: list[str] | None = None
     loss_gap: bool = True  # final-answer loss gap on the test split at the end
     decomposition_examples: int = Field(0, ge=0)  # eq. (4) table at the end on this many test examples (0 = off)
     weight_noise_seeds: int = Field(0, ge=0)  # Appendix B.2 weight-noise stability at the end (0 = off)
@@ -185,6 +196,15 @@ class SearchCfg(Strict):
     reduction_factor: int = Field(2, ge=2)  # ASHA: keep 1/reduction_factor at each rung
     space: dict[str, Dist] = {}  # path (or shorthand: lam, bits, lr, lora_rank) -> distribution
     max_failures: int = Field(0, ge=0)  # retries of a failing trial
+
+    @property
+    def n_trials(self) -> int:
+        """Trials the search runs: num_samples, times every combination of the choices for a grid."""
+        n = self.num_samples
+        if self.searcher == "grid":
+            for d in self.space.values():
+                n *= len(d.choice or [None])
+        return n
 
 
 class ResourcesCfg(Strict):

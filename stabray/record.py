@@ -106,14 +106,38 @@ METRICS: dict[str, Metric] = {
         Metric(
             "test_long_acc",
             "final",
-            "test accuracy on the first length-generalization split (10% larger inputs)",
+            "test accuracy on the first length-generalization split (10% larger inputs than any training input)",
             icl_meaning="the val_acc rule with 10% more GD steps",
         ),
         Metric(
             "test_longer_acc",
             "final",
-            "test accuracy on the second length-generalization split (20% larger inputs)",
+            "test accuracy on the second length-generalization split (20% larger inputs than any training input)",
             icl_meaning="the val_acc rule with 20% more GD steps",
+        ),
+        Metric(
+            "trivial_val_acc",
+            "final",
+            "accuracy of the best of the task's trivial rules (no learning) on the whole validation split",
+            runners=_TEXT,
+        ),
+        Metric(
+            "trivial_test_acc",
+            "final",
+            "accuracy of the best of the task's trivial rules (no learning) on the same test examples",
+            runners=_TEXT,
+        ),
+        Metric(
+            "trivial_test_long_acc",
+            "final",
+            "accuracy of the best trivial rule on the test_long examples",
+            runners=_TEXT,
+        ),
+        Metric(
+            "trivial_test_longer_acc",
+            "final",
+            "accuracy of the best trivial rule on the test_longer examples",
+            runners=_TEXT,
         ),
         Metric(
             "loss_gap",
@@ -193,10 +217,70 @@ ICL_CURVES = (
 
 _CURVE_METRIC = re.compile(rf"(?:{'|'.join(ICL_CURVES)})_T\d+")
 
+# Metrics of evaluation splits at explicit sizes (a task's `long_sizes`: splits `test_n<k>`), one
+# family each: `test_acc_n5` is the accuracy on inputs of size 5, `trivial_test_acc_n5` its floor.
+# (MLflow metric names allow letters, digits and `_ - . / :` and space, so no `@n5`.)
+SIZED_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "test_acc_n<k>",
+            "final",
+            "exact match of the final answer on test inputs of size k (a task's long_sizes: nodes, variables)",
+            runners=_TEXT,
+        ),
+        Metric(
+            "trivial_test_acc_n<k>",
+            "final",
+            "accuracy of the best of the task's trivial rules on the same size-k test examples",
+            runners=_TEXT,
+        ),
+    )
+}
+_SIZED_METRIC = re.compile(r"(trivial_)?test_acc_n(\d+)")
+
+
+def acc_metric(split: str) -> str:
+    """The accuracy metric of an evaluation split: val -> val_acc, test_long -> test_long_acc,
+    test_n5 (a split at an explicit size) -> test_acc_n5."""
+    m = re.fullmatch(r"test_n(\d+)", split)
+    return f"test_acc_n{m.group(1)}" if m else f"{split}_acc"
+
+
+def trivial_metric(split: str) -> str:
+    """The metric of the best trivial rule's accuracy on an evaluation split (trivial_test_acc_n5)."""
+    return "trivial_" + acc_metric(split)
+
+
+def declared(name: str) -> Metric | None:
+    """The declaration of a metric name, a sized one included (test_acc_n5 -> its family)."""
+    if name in METRICS:
+        return METRICS[name]
+    m = _SIZED_METRIC.fullmatch(name)
+    if m:
+        return SIZED_METRICS[f"{m.group(1) or ''}test_acc_n<k>"]
+    return None
+
+
+def describe_metric(name: str, runner: str = "text") -> str:
+    """The meaning of a metric name (a sized one with its size filled in)."""
+    m = declared(name)
+    if m is None:
+        return ""
+    size = _SIZED_METRIC.fullmatch(name)
+    text = m.describe(runner)
+    return text.replace("size k", f"size {size.group(2)}") if size else text
+
+
+def sized_metric_names(names) -> list[str]:
+    """The sized metrics among `names` (e.g. a trial's logged keys), by size, each accuracy before its floor."""
+    found = [n for n in names if _SIZED_METRIC.fullmatch(n)]
+    return sorted(set(found), key=lambda n: (int(_SIZED_METRIC.fullmatch(n).group(2)), n.startswith("trivial_")))
+
 
 def is_metric(key: str) -> bool:
     """Whether a reported key is a declared metric (what the MLflow callback logs)."""
-    return key in METRICS or _CURVE_METRIC.fullmatch(key) is not None
+    return key in METRICS or _CURVE_METRIC.fullmatch(key) is not None or _SIZED_METRIC.fullmatch(key) is not None
 
 
 def metric_names(when: str | None = None, group: str | None = "science", runner: str | None = None) -> list[str]:
@@ -435,8 +519,10 @@ def _best_epoch(history: list[tuple[int, float]]) -> tuple[int | None, float | N
 
 
 def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
-    """One typed row per trial: meta columns, every param, final metrics, best epoch."""
+    """One typed row per trial: meta columns, every param, final metrics (the sized ones, e.g.
+    test_acc_n5, as they occur), best epoch."""
     param_names = sorted({k for r in records for k in r.params})
+    sized = sized_metric_names({k for r in records for k in r.metrics})
     rows: list[dict[str, Any]] = []
     for r in records:
         best_epoch, best_val = _best_epoch(r.val_history)
@@ -447,7 +533,7 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
             "run_id": r.run_id,
             "status": r.status,
             "config_key": config_key(r.params),
-            **{k: m.get(k) for k in FINAL_METRICS + EPOCH_METRICS},
+            **{k: m.get(k) for k in FINAL_METRICS + EPOCH_METRICS + sized},
             # the history wins over the logged summary; the summary covers a trial without history
             "best_val_acc": best_val if best_val is not None else m.get("best_val_acc"),
             "best_epoch": best_epoch if best_epoch is not None else m.get("best_epoch"),
@@ -458,6 +544,7 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
             row[col] = r.params.get(k)
         rows.append(row)
     schema = dict(META_COLUMNS)
+    schema.update({k: pl.Float64 for k in sized})
     for k in param_names:
         col = k if k not in META_COLUMNS or k in PARAM_TYPES else f"param_{k}"
         if col not in schema or k in PARAM_TYPES:

@@ -190,11 +190,15 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
     except UserError as e:
         raise SpecError(where, "task.name", str(e)) from None
     try:
-        get_task(spec.task.name, **spec.task.params)
+        task = get_task(spec.task.name, **spec.task.params)
     except UserError as e:
         raise SpecError(where, "task.params", str(e)) from None
     except TypeError as e:
         raise SpecError(where, "task.params", str(e)) from None
+    try:
+        task.long_splits(spec.eval.long_splits)
+    except UserError as e:
+        raise SpecError(where, "eval.long_splits", str(e)) from None
     try:
         METHODS.canonical(spec.method.name)
     except UserError as e:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stabray.errors import UserError
 
-SPLITS = ("train", "val", "test", "test_long", "test_longer")
+SPLITS = ("train", "val", "test", "test_long", "test_longer")  # a task with long_sizes has test_n<k> instead
 
 
 def parse_params(items: list[str]) -> dict:
@@ -36,9 +36,12 @@ def parse_params(items: list[str]) -> dict:
 def examples(task, split: str, n: int, seed: int, size: int | None):
     from stabray.data.splits import DEFAULT_SIZES, draw, make_splits
 
+    known = ("train", "val", "test", *task.long_sizes())
+    if split not in known:
+        raise UserError(f"task {task.name!r} has no split {split!r}; its splits: {', '.join(known)}")
     if size is None:
-        # train: exactly the training split a sweep uses (it excludes the default eval splits)
-        return make_splits(task, {split: n}, seed, splits=(split,) if split != "train" else SPLITS)[split]
+        # train: exactly the training split a sweep uses (it excludes every evaluation split)
+        return make_splits(task, {split: n}, seed, splits=(split,) if split != "train" else None)[split]
     exclude: set[str] = set()
     if split == "train":
         for s in ("val", "test"):
@@ -88,7 +91,11 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("task", help="task name (see `python -m stabray tasks`)")
-    p.add_argument("--split", choices=SPLITS, default="test", help="which split (default test)")
+    p.add_argument(
+        "--split",
+        default="test",
+        help=f"which split: {', '.join(SPLITS)}, or test_n<k> for a task's long_sizes (default test)",
+    )
     p.add_argument("--n", type=int, default=200, help="number of examples (default 200)")
     p.add_argument("--out", default="-", help="output .jsonl file ('-' = stdout, the default)")
     p.add_argument("--force", action="store_true", help="overwrite --out when it exists")

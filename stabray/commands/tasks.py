@@ -14,7 +14,6 @@ import numpy as np
 from stabray.tasks import TASKS, get_task
 from stabray.tasks.base import TOKEN_RE, Task
 
-SPLITS = ("test", "test_long", "test_longer")  # default size, +10%, +20%
 WIDTH = 100  # example lines wrap here
 
 
@@ -61,16 +60,18 @@ def count_tokens(text: str) -> int:
 
 
 def task_stats(task: Task, n: int = 50, seed: int = 0) -> list[dict]:
-    """One row per size (default, +10%, +20%), each from n examples of that test split."""
+    """One row per test split (the training size or mix, then the length-generalization sizes: +10%,
+    +20%, or the task's explicit long_sizes), each from n examples of that split."""
     from stabray.data.splits import draw, split_size_of
 
     rows = []
-    for split in SPLITS:
+    for split in ("test", *task.long_sizes()):
         size = split_size_of(task, split)
         exs = draw(task, split, n, seed, size)
+        sizes = tuple(int(s) for s in np.atleast_1d(size))
         row = {
             "split": split,
-            task.size_field: size,
+            task.size_field: "-".join(map(str, sizes)) if len(sizes) > 1 else sizes[0],  # a training mix: "3-4"
             "n": n,
             "question_tokens": float(np.mean([count_tokens(e.question) for e in exs])),
             "answer_tokens": float(np.mean([count_tokens(e.answer) for e in exs])),

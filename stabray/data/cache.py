@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from stabray.data.splits import EVAL_SPLITS, make_splits
+from stabray.data.splits import eval_splits, make_splits
 from stabray.tasks.base import Example, Task
 
 FORMAT_VERSION = "2"  # 2: FINGERPRINT beside the splits
@@ -92,10 +92,12 @@ def load_splits(
     task: Task,
     sizes: dict[str, int] | None = None,
     seed: int = 0,
-    splits: tuple[str, ...] = ("train", *EVAL_SPLITS),
+    splits: tuple[str, ...] | None = None,
     cache_dir: str | Path | None = None,
 ) -> dict[str, list[Example]]:
-    """The task's splits, from the cache when present and intact, else generated and cached."""
+    """The task's splits (None: train and every evaluation split of the task), from the cache when
+    present and intact, else generated and cached."""
+    splits = ("train", *eval_splits(task)) if splits is None else tuple(splits)
     sizes = dict(sizes or {})
     root = Path(cache_dir).absolute() if cache_dir else default_cache_dir()
     path = root / cache_key(task, sizes, seed, splits)

@@ -1,8 +1,10 @@
 """Train / validation / test splits and length-generalization splits, with no duplicate questions.
 
-Each split draws from its own RandomState seeded by (seed, split, size), so adding a split or
-changing one split's size leaves the others unchanged. Evaluation splits are drawn first; training
-examples whose question already appears in any evaluation split at the same size are redrawn.
+Each split draws from its own RandomState seeded by (seed, split, sizes), so adding a split or
+changing one split's size leaves the others unchanged. A split drawn at a mix of sizes (a task's
+`train_sizes`) draws each example's size uniformly from the mix with that same RandomState.
+Evaluation splits are drawn first; training examples whose question already appears in any
+evaluation split are redrawn.
 """
 
 from __future__ import annotations
@@ -16,20 +18,31 @@ from stabray.progress import counted
 from stabray.tasks.base import Example, Task
 
 DEFAULT_SIZES = {"train": 2000, "val": 200, "test": 200}  # the paper's sizes
-EVAL_SPLITS = ("val", "test", "test_long", "test_longer")
+EVAL_SPLITS = ("val", "test", "test_long", "test_longer")  # the default splits (a task may name others)
 
 
-def split_seed(seed: int, split: str, size: int) -> int:
-    return int(np.random.SeedSequence([int(seed), zlib.crc32(split.encode()), int(size)]).generate_state(1)[0])
+def split_seed(seed: int, split: str, size: int | tuple[int, ...]) -> int:
+    sizes = [int(s) for s in size] if isinstance(size, (tuple, list)) else [int(size)]
+    return int(np.random.SeedSequence([int(seed), zlib.crc32(split.encode()), *sizes]).generate_state(1)[0])
 
 
 def draw(
-    task: Task, split: str, n: int, seed: int, size: int, exclude: set[str] = frozenset(), max_tries_factor: int = 50
+    task: Task,
+    split: str,
+    n: int,
+    seed: int,
+    size: int | tuple[int, ...],
+    exclude: set[str] = frozenset(),
+    max_tries_factor: int = 50,
 ) -> list[Example]:
-    """n examples with distinct questions, none in `exclude`."""
+    """n examples with distinct questions, none in `exclude`. `size` is one size, or a tuple of
+    sizes to mix (each example's size drawn uniformly; a 1-tuple is the same as its size)."""
     if not isinstance(n, (int, np.integer)) or n <= 0:
         raise UserError(f"split {split!r}: the number of examples must be a positive integer, got {n!r}")
-    task.check_size(size)
+    sizes = tuple(size) if isinstance(size, (tuple, list)) else (size,)
+    for s in sizes:
+        task.check_size(s)
+    size = sizes[0] if len(sizes) == 1 else sizes  # a single size keeps its seed (and its examples)
     rng = np.random.RandomState(split_seed(seed, split, size))
     seen: set[str] = set()
     out: list[Example] = []
@@ -42,7 +55,7 @@ def draw(
                     f"task {task.name!r} at {task.size_field}={size}: only {len(out)} distinct questions found "
                     f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs"
                 )
-            ex = task.sample(rng, size)
+            ex = task.sample(rng, sizes[rng.randint(len(sizes))] if len(sizes) > 1 else sizes[0])
             if ex.question in seen or ex.question in exclude:
                 continue
             seen.add(ex.question)
@@ -51,19 +64,26 @@ def draw(
     return out
 
 
-def split_size_of(task: Task, split: str) -> int:
+def eval_splits(task: Task) -> tuple[str, ...]:
+    """The task's evaluation splits: val, test and its length-generalization splits."""
+    return ("val", "test", *task.long_sizes())
+
+
+def split_size_of(task: Task, split: str) -> int | tuple[int, ...]:
     if split in ("train", "val", "test"):
-        return task.size
+        return task.in_dist_sizes
     longs = task.long_sizes()
     if split in longs:
         return longs[split]
-    raise UserError(f"unknown split {split!r}; known: train, val, {', '.join(EVAL_SPLITS[1:])}")
+    raise UserError(f"unknown split {split!r}; known: train, {', '.join(eval_splits(task))}")
 
 
 def make_splits(
-    task: Task, sizes: dict[str, int] | None = None, seed: int = 0, splits: tuple[str, ...] = ("train", *EVAL_SPLITS)
+    task: Task, sizes: dict[str, int] | None = None, seed: int = 0, splits: tuple[str, ...] | None = None
 ) -> dict[str, list[Example]]:
-    """All requested splits. `sizes` maps split -> number of examples (the eval default for long splits)."""
+    """All requested splits (None: train and every evaluation split of the task). `sizes` maps
+    split -> number of examples (a length-generalization split gets the test split's number)."""
+    splits = ("train", *eval_splits(task)) if splits is None else splits
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
     out: dict[str, list[Example]] = {}
     eval_questions: set[str] = set()
@@ -74,5 +94,5 @@ def make_splits(
         out[split] = draw(task, split, n, seed, split_size_of(task, split))
         eval_questions.update(e.question for e in out[split])
     if "train" in splits:
-        out["train"] = draw(task, "train", sizes["train"], seed, task.size, exclude=eval_questions)
+        out["train"] = draw(task, "train", sizes["train"], seed, task.in_dist_sizes, exclude=eval_questions)
     return {s: out[s] for s in splits}

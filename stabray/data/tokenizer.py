@@ -1,7 +1,9 @@
 """The embedded model's word-level tokenizer, built with `tokenizers` from the task's own text.
 
 Every number (0.197, 12), word, bracket, comma, colon and '|' is one token; whitespace separates
-tokens and is not itself a token. Nothing is downloaded. The tokenizer is wrapped as a
+tokens and is not itself a token. With `numbers="digits"` every number is one token per character
+instead (a WordPiece model: `52134` -> `5 ##2 ##1 ##3 ##4`, `0.25` -> `0 ##. ##2 ##5`, decoded back
+to whole numbers). Nothing is downloaded. The tokenizer is wrapped as a
 `PreTrainedTokenizerFast`, so the embedded and the pretrained paths share one API and it saves
 beside the model checkpoint.
 """
@@ -23,24 +25,36 @@ def pre_tokens(text: str) -> list[str]:
     return TOKEN_RE.findall(text)
 
 
-def build_tokenizer(texts: Iterable[str]):
-    """A word-level tokenizer whose vocabulary is the specials, the integers 0..127 and every
-    pre-token seen in `texts` (in order of frequency, so ids are deterministic for fixed data)."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+# numbers="digits": the only number pieces, a leading digit and "##"-continued digits and '.'
+DIGIT_PIECES = (*"0123456789", *(f"##{c}" for c in "0123456789."))
+NUMBERS = ("word", "digits")
+
+
+def build_tokenizer(texts: Iterable[str], numbers: str = "word"):
+    """A tokenizer whose vocabulary is the specials, the numbers and every other pre-token seen in
+    `texts` (in order of frequency, so ids are deterministic for fixed data). numbers="word": the
+    integers 0..127 and every number seen are one token each; numbers="digits": a number is one
+    token per character (WordPiece pieces, DIGIT_PIECES)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    if numbers not in NUMBERS:
+        raise ValueError(f"numbers must be one of {', '.join(NUMBERS)}, got {numbers!r}")
     counts: Counter[str] = Counter()
     for t in texts:
         counts.update(pre_tokens(t))
+    by_freq = sorted(counts, key=lambda k: (-counts[k], k))
     vocab: dict[str, int] = {}
-    for tok in [
-        *SPECIALS.values(),
-        *LATENT_TOKENS,
-        *(str(i) for i in range(N_INTEGERS)),
-        *sorted(counts, key=lambda k: (-counts[k], k)),
-    ]:
-        vocab.setdefault(tok, len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIALS["unk_token"]))
+    if numbers == "digits":
+        words = [k for k in by_freq if not k[0].isdigit()]
+        for tok in [*SPECIALS.values(), *LATENT_TOKENS, *DIGIT_PIECES, *words]:
+            vocab.setdefault(tok, len(vocab))
+        tk = Tokenizer(models.WordPiece(vocab=vocab, unk_token=SPECIALS["unk_token"], max_input_chars_per_word=100))
+        tk.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    else:
+        for tok in [*SPECIALS.values(), *LATENT_TOKENS, *(str(i) for i in range(N_INTEGERS)), *by_freq]:
+            vocab.setdefault(tok, len(vocab))
+        tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIALS["unk_token"]))
     tk.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.WhitespaceSplit(),

@@ -47,7 +47,10 @@ class ModelSpec:
     num_heads: int | None = None
     intermediate_size: int | None = None
     max_positions: int = 2048  # context length of the embedded decoder
-    family: str = "qwen2"  # embedded architecture: qwen2 (RoPE) | gpt2 (learned absolute positions)
+    family: str = "qwen2"  # embedded architecture: qwen2 (RoPE) | gpt2 (learned absolute positions) | bloom (ALiBi)
+    positions: str = "default"  # "none": no positional encoding (NoPE; gpt2 only: its position table zeroed, frozen)
+    init_std: float | None = None  # embedded: initializer_range of the transformers config (None: its 0.02)
+    freeze_embeddings: bool = False  # embedded: the token embeddings (tied with the head) keep their random init
     extra: dict[str, Any] = field(default_factory=dict)  # more transformers config fields
 
     @property
@@ -78,47 +81,86 @@ def load_tokenizer(spec: ModelSpec):
 def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
     """A causal LM ready to train. Eager attention: the stability measure differentiates through
     the model with torch.func, and eager attention supports forward-mode AD everywhere."""
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from stabray.errors import UserError
 
     torch.manual_seed(seed)
     if spec.pretrained is None:
-        s = spec.shape()
-        if spec.family == "gpt2":
-            from transformers import GPT2Config, GPT2LMHeadModel
+        if spec.positions != "default" and spec.family != "gpt2":
+            raise UserError(f"model.positions={spec.positions!r} needs model.family gpt2 (got {spec.family!r})")
+        model = _build_embedded(spec, tokenizer)
+        if spec.freeze_embeddings:  # a token never trained on keeps a vector like every other token's
+            model.get_input_embeddings().weight.requires_grad_(False)
+        return model
+    for name in ("init_std", "freeze_embeddings"):
+        if getattr(spec, name):
+            raise UserError(f"model.{name} applies to the embedded decoder only, not to model.pretrained")
+    if spec.family != "qwen2" or spec.positions != "default":
+        raise UserError("model.family and model.positions apply to the embedded decoder only, not to model.pretrained")
+    return _build_pretrained(spec, tokenizer)
 
-            cfg = GPT2Config(
-                vocab_size=len(tokenizer),
-                n_embd=s["hidden_size"],
-                n_layer=s["num_layers"],
-                n_head=s["num_heads"],
-                n_inner=s["intermediate_size"],
-                n_positions=spec.max_positions,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                attn_implementation="eager",
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-                **spec.extra,
-            )
-            return GPT2LMHeadModel(cfg)
-        cfg = Qwen2Config(
-            vocab_size=len(tokenizer),
+
+def _build_embedded(spec: ModelSpec, tokenizer) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    s = spec.shape()
+    common = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="eager",
+        tie_word_embeddings=True,
+        **({"initializer_range": spec.init_std} if spec.init_std is not None else {}),
+        **spec.extra,
+    )
+    if spec.family == "bloom":
+        # ALiBi (Press et al. 2022): no position embeddings, a fixed per-head linear bias on the
+        # attention scores. Bloom's MLP width is 4 x hidden (intermediate_size is not used).
+        from transformers import BloomConfig, BloomForCausalLM
+
+        cfg = BloomConfig(
             hidden_size=s["hidden_size"],
-            num_hidden_layers=s["num_layers"],
-            num_attention_heads=s["num_heads"],
-            num_key_value_heads=s["num_heads"],
-            intermediate_size=s["intermediate_size"],
-            max_position_embeddings=spec.max_positions,
-            tie_word_embeddings=True,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            attn_implementation="eager",
-            **spec.extra,
+            n_layer=s["num_layers"],
+            n_head=s["num_heads"],
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            **common,
         )
-        return Qwen2ForCausalLM(cfg)
+        return BloomForCausalLM(cfg)
+    if spec.family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            n_embd=s["hidden_size"],
+            n_layer=s["num_layers"],
+            n_head=s["num_heads"],
+            n_inner=s["intermediate_size"],
+            n_positions=spec.max_positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+        model = GPT2LMHeadModel(cfg)
+        if spec.positions == "none":  # NoPE (Kazemnejad et al. 2023): causal attention alone orders tokens
+            model.transformer.wpe.weight.data.zero_()
+            model.transformer.wpe.weight.requires_grad_(False)
+        return model
+    cfg = Qwen2Config(
+        hidden_size=s["hidden_size"],
+        num_hidden_layers=s["num_layers"],
+        num_attention_heads=s["num_heads"],
+        num_key_value_heads=s["num_heads"],
+        intermediate_size=s["intermediate_size"],
+        max_position_embeddings=spec.max_positions,
+        **common,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def _build_pretrained(spec: ModelSpec, tokenizer) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(spec.pretrained, attn_implementation="eager", **spec.extra)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))

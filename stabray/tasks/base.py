@@ -75,6 +75,15 @@ def extract_final(generated: str) -> str:
     return text.strip()
 
 
+# Task parameters every task accepts besides its generator's Params (Task.__init__).
+SIZE_OPTIONS = ("train_sizes", "long_sizes")
+
+
+def sized_split(size: int) -> str:
+    """The name of an evaluation split at an explicit size: `test_n5`."""
+    return f"test_n{int(size)}"
+
+
 class Task:
     """A seeded example generator. Subclasses set `name`, `version`, `Params`, `size_field`, and
     implement `sample(rng, size)`.
@@ -90,29 +99,92 @@ class Task:
     runner: ClassVar[str] = "text"  # the trial runner (stabray.train.runner.RUNNERS) that trains on it
     min_size: ClassVar[int] = 2
 
-    def __init__(self, **params: Any):
+    def __init__(
+        self,
+        train_sizes: list[int] | tuple[int, ...] | None = None,
+        long_sizes: list[int] | tuple[int, ...] | None = None,
+        **params: Any,
+    ):
+        """`params`: the generator's Params. `train_sizes` (optional): the training, validation and
+        test splits mix these sizes, each example's size drawn uniformly; the task's `size` is then
+        their maximum and the size parameter is not used. `long_sizes` (optional): evaluate at these
+        explicit sizes (splits `test_n<k>`, metrics `test_acc_n<k>`) instead of 10% and 20% above
+        `size` (splits `test_long`, `test_longer`)."""
         names = {f.name for f in dataclasses.fields(self.Params)}
         for key in params:
             if key not in names:
-                raise UserError(f"task {self.name!r}: unknown parameter {key!r}; known: {', '.join(sorted(names))}")
+                known = ", ".join(sorted(names | set(SIZE_OPTIONS)))
+                raise UserError(f"task {self.name!r}: unknown parameter {key!r}; known: {known}")
         self.params = self.Params(**params)
-        size = getattr(self.params, self.size_field)
-        self.check_size(size)
+        self.train_sizes = self._size_list("train_sizes", train_sizes)
+        self.explicit_long_sizes = self._size_list("long_sizes", long_sizes)
+        if self.train_sizes is None:
+            self.check_size(getattr(self.params, self.size_field))
+        else:  # the size parameter is the largest training size: given, it must agree; else it is set
+            given = params.get(self.size_field)
+            if given is not None and given != max(self.train_sizes):
+                raise UserError(
+                    f"task {self.name!r}: {self.size_field}={given!r} disagrees with train_sizes "
+                    f"{list(self.train_sizes)} (it is their maximum; leave it out or set it to {max(self.train_sizes)})"
+                )
+            self.params = dataclasses.replace(self.params, **{self.size_field: max(self.train_sizes)})
+        if self.explicit_long_sizes is not None and min(self.explicit_long_sizes) <= self.size:
+            raise UserError(
+                f"task {self.name!r}: long_sizes must all be larger than the largest training size {self.size}, "
+                f"got {list(self.explicit_long_sizes)}"
+            )
+
+    def _size_list(self, key: str, sizes: Any) -> tuple[int, ...] | None:
+        if sizes is None:
+            return None
+        if not isinstance(sizes, (list, tuple)) or not sizes or len(set(sizes)) != len(sizes):
+            raise UserError(
+                f"task {self.name!r}: {key} must be a non-empty list of distinct {self.size_field} values, "
+                f"got {sizes!r}"
+            )
+        for s in sizes:
+            self.check_size(s)
+        return tuple(sorted(int(s) for s in sizes))
 
     @property
     def size(self) -> int:
+        """The largest in-distribution size (the size parameter, or max(train_sizes))."""
+        if self.train_sizes is not None:
+            return max(self.train_sizes)
         return int(getattr(self.params, self.size_field))
 
+    @property
+    def in_dist_sizes(self) -> tuple[int, ...]:
+        """The sizes the train, validation and test splits are drawn at (one, or a uniform mix)."""
+        return self.train_sizes if self.train_sizes is not None else (self.size,)
+
     def check_size(self, size: int) -> None:
-        if not isinstance(size, (int, np.integer)) or size < self.min_size:
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < self.min_size:
             raise UserError(
                 f"task {self.name!r}: {self.size_field} must be an integer >= {self.min_size}, got {size!r}"
             )
 
     def long_sizes(self) -> dict[str, int]:
-        """Length-generalization sizes: 10% and 20% longer inputs (rounded up, at least +1, +2)."""
+        """Length-generalization splits and their sizes: the explicit `long_sizes` as `test_n<k>`,
+        else 10% and 20% larger inputs than the largest in-distribution size (rounded up, at least
+        +1, +2) as `test_long`, `test_longer`."""
+        if self.explicit_long_sizes is not None:
+            return {sized_split(k): k for k in self.explicit_long_sizes}
         s = self.size
         return {"test_long": max(s + 1, int(np.ceil(s * 1.1))), "test_longer": max(s + 2, int(np.ceil(s * 1.2)))}
+
+    def long_splits(self, requested: list[str] | tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """The length-generalization splits to evaluate: `requested` (eval.long_splits), each one
+        of `long_sizes()`, or all of them when None."""
+        known = tuple(self.long_sizes())
+        if requested is None:
+            return known
+        for split in requested:
+            if split not in known:
+                raise UserError(
+                    f"eval.long_splits: task {self.name!r} has no split {split!r}; its long splits: {', '.join(known)}"
+                )
+        return tuple(requested)
 
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
         raise NotImplementedError
@@ -135,7 +207,14 @@ class Task:
         }
 
     def describe(self) -> dict[str, Any]:
-        return {"task": self.name, "version": self.version, **dataclasses.asdict(self.params)}
+        """What determines the task's examples (the dataset cache key holds it). The size options
+        appear only when set, so a task without them keeps its cache keys."""
+        d = {"task": self.name, "version": self.version, **dataclasses.asdict(self.params)}
+        if self.train_sizes is not None:
+            d["train_sizes"] = list(self.train_sizes)
+        if self.explicit_long_sizes is not None:
+            d["long_sizes"] = list(self.explicit_long_sizes)
+        return d
 
 
 TASKS: Registry[type[Task]] = Registry("task")

@@ -17,6 +17,14 @@ a tree edge taken, one when a node is discovered, one when it finishes: exactly 
 
 Tie-breaking: the next node is the lowest index among the minima. CLRS's own code extracts with an
 unstable `argsort`, so about 1% of its traces differ from ours on ties; ours are deterministic.
+
+Labelled variant (`labels: k`, a laptop-scale variant of this format; 0, the default, is CLRS-Text):
+the same graph, source and algorithm, but the n nodes carry labels drawn without replacement from
+0..k-1 and sorted (node i is the i-th smallest label, so "lowest index" is "lowest label"); the graph
+is written as adjacency lists by label (`A: {2: [5 0.6], 5: [2 0.6, 5 0.3], 9: []}`, a weight after
+each neighbour in weighted graphs, self-loops kept) and every `pi` vector names its entries
+(`[2:5 5:5 9:9]`: node 2's predecessor is node 5). A model trained on small graphs then has written
+every label and finds every entry by its name rather than by counting positions.
 """
 
 from __future__ import annotations
@@ -43,6 +51,21 @@ def fmt_vec(v: np.ndarray) -> str:
 
 def fmt_mat(m: np.ndarray) -> str:
     return "[" + ", ".join(fmt_vec(row) for row in m) + "]"
+
+
+def fmt_named(labels: list[int], pi: np.ndarray) -> str:
+    """A labelled `pi` vector: `[2:5 5:5 9:9]` (label of node i, then the label of its predecessor)."""
+    return "[" + " ".join(f"{labels[i]}:{labels[int(p)]}" for i, p in enumerate(pi.tolist())) + "]"
+
+
+def fmt_adjacency(labels: list[int], A: np.ndarray, weighted: bool) -> str:
+    """Adjacency lists by label: `{2: [5 0.6], 5: [2 0.6, 5 0.3], 9: []}` (row u lists every v with
+    A[u, v] != 0 in node order, with the weight A[u, v] when weighted; self-loops included)."""
+    rows = []
+    for u in range(A.shape[0]):
+        nbrs = [f"{labels[v]} {fmt_num(A[u, v])}" if weighted else str(labels[v]) for v in np.flatnonzero(A[u])]
+        rows.append(f"{labels[u]}: [{', '.join(nbrs)}]")
+    return "{" + ", ".join(rows) + "}"
 
 
 def truncate(a: np.ndarray, decimals: int) -> np.ndarray:
@@ -96,6 +119,9 @@ class GraphParams:
     n_nodes: int = 10  # nodes per graph (the paper: 10; length generalization: 11 and 12)
     p: float = 0.5  # CLRS edge probability before symmetrising (an undirected edge: p**2)
     decimals: int = 3  # weights truncated to this many decimal places (CLRS-Text: 3)
+    # 0: CLRS-Text (an unlabelled matrix, pi by position); k > 0: the labelled variant, node labels
+    # drawn from 0..k-1 (k >= every size used), adjacency lists and named pi entries (module docstring)
+    labels: int = 0
 
 
 class CLRSTask(Task):
@@ -114,6 +140,25 @@ class CLRSTask(Task):
             raise UserError(f"task {self.name!r}: p must be in (0, 1], got {self.params.p}")
         if not (isinstance(self.params.decimals, int) and 1 <= self.params.decimals <= 6):
             raise UserError(f"task {self.name!r}: decimals must be an integer in 1..6, got {self.params.decimals!r}")
+        labels = self.params.labels
+        if not isinstance(labels, int) or isinstance(labels, bool) or labels < 0:
+            raise UserError(f"task {self.name!r}: labels must be 0 (CLRS-Text) or a pool size > 0, got {labels!r}")
+        for size in (*self.in_dist_sizes, *self.long_sizes().values()):
+            self.check_size(size)
+
+    def check_size(self, size: int) -> None:
+        super().check_size(size)
+        labels = getattr(getattr(self, "params", None), "labels", 0)
+        if labels and size > labels:
+            raise UserError(
+                f"task {self.name!r}: {self.size_field}={size} needs at least {size} labels, but labels={labels}"
+            )
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if not d.get("labels"):  # CLRS-Text keeps its dataset cache keys
+            d.pop("labels", None)
+        return d
 
     def run(self, A: np.ndarray, s: int) -> list[np.ndarray]:
         raise NotImplementedError
@@ -126,19 +171,30 @@ class CLRSTask(Task):
         )
         s = int(rng.choice(n)) if self.has_source else None
         trace = self.run(A, s)
-        return self.render(A, s, trace)
+        # drawn after the graph and source, so the labelled variant has CLRS-Text's graphs
+        labels = (
+            sorted(int(x) for x in rng.choice(self.params.labels, n, replace=False)) if self.params.labels else None
+        )
+        return self.render(A, s, trace, labels)
 
-    def render(self, A: np.ndarray, s: int | None, trace: list[np.ndarray]) -> Example:
+    def fmt_pi(self, pi: np.ndarray, labels: list[int] | None) -> str:
+        return fmt_vec(pi) if labels is None else fmt_named(labels, pi)
+
+    def render(self, A: np.ndarray, s: int | None, trace: list[np.ndarray], labels: list[int] | None = None) -> Example:
         n = A.shape[0]
-        inputs = [f"s: {s}"] if s is not None else []
-        inputs += [f"A: {fmt_mat(A)}", f"initial_trace: {fmt_vec(trace[0])}"]
+        graph = fmt_mat(A) if labels is None else fmt_adjacency(labels, A, self.weighted)
+        inputs = [f"s: {s if labels is None else labels[s]}"] if s is not None else []
+        inputs += [f"A: {graph}", f"initial_trace: {self.fmt_pi(trace[0], labels)}"]
         head = f"{self.name}:\n{', '.join(inputs)}\n"
+        meta = {"n": n, "source": s, "A": A.tolist()}
+        if labels is not None:
+            meta["labels"] = labels
         return Example(
             question=head + "trace | pi:\n",
-            steps=tuple(fmt_vec(t) for t in trace[1:-1]),
-            final=fmt_vec(trace[-1]),
+            steps=tuple(self.fmt_pi(t, labels) for t in trace[1:-1]),
+            final=self.fmt_pi(trace[-1], labels),
             question_nohint=head + "pi:\n",
-            meta={"n": n, "source": s, "A": A.tolist()},
+            meta=meta,
         )
 
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
@@ -150,10 +206,10 @@ class CLRSTask(Task):
             A, s = np.asarray(ex.meta["A"]), ex.meta["source"]
             pi = np.arange(A.shape[0])
             pi[(A[s] != 0) & (pi != s)] = s
-            return fmt_vec(pi)
+            return self.fmt_pi(pi, ex.meta.get("labels"))
 
         def identity(ex: Example) -> str:
-            return fmt_vec(np.arange(ex.meta["n"]))
+            return self.fmt_pi(np.arange(ex.meta["n"]), ex.meta.get("labels"))
 
         return {"pi=s if adjacent to s else v": adjacent_to_source, "pi=identity": identity}
 
@@ -354,9 +410,9 @@ class DFS(CLRSTask):
                 below = np.flatnonzero(A[:v, v])
                 if below.size:
                     pi[v] = below[0]
-            return fmt_vec(pi)
+            return self.fmt_pi(pi, ex.meta.get("labels"))
 
         def identity(ex: Example) -> str:
-            return fmt_vec(np.arange(ex.meta["n"]))
+            return self.fmt_pi(np.arange(ex.meta["n"]), ex.meta.get("labels"))
 
         return {"pi=lowest in-neighbour below v": first_in_neighbour, "pi=identity": identity}

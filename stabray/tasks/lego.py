@@ -17,6 +17,10 @@ Groups:
   5 digits with no spaces (`31452` maps 1->3, 2->1, 3->4, 4->5, 5->2), so each value is one token;
   using 1..5 rather than 0..4 avoids leading zeros. The root is a uniform permutation and an
   operation `y = 21453 * x` composes a uniform permutation s after x: y(i) = s(x(i)).
+
+Named states (`named_states: true`, a laptop-scale variant): every state entry is written
+`name value` (`[f 3 i n s n]`), so each slot carries its variable's name; the content is the same.
+Tiny from-scratch models learn LEGO only in this form (the default renders values alone).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def compose(s: tuple[int, ...], x: tuple[int, ...]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class LegoParams:
     n_vars: int = 8  # variables in the chain (the paper: 8; length generalization: 9 and 10)
+    named_states: bool = False  # write each state entry as "name value" ([f 3 i n]): a name per slot
 
 
 class LegoTask(Task):
@@ -60,6 +65,11 @@ class LegoTask(Task):
     Params = LegoParams
     size_field = "n_vars"
     max_size = len(NAMES)  # one distinct letter per variable
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        if not isinstance(self.params.named_states, bool):
+            raise UserError(f"task {self.name!r}: named_states must be true or false, got {self.params.named_states!r}")
 
     def check_size(self, size: int) -> None:
         super().check_size(size)
@@ -102,7 +112,7 @@ class LegoTask(Task):
         states = []
         for v in chain:
             known.add(v)
-            states.append("[" + " ".join(value_of[u] if u in known else UNKNOWN for u in names) + "]")
+            states.append(self.fmt_state(names, [value_of[u] if u in known else UNKNOWN for u in names]))
         head = f"{self.name}:\nvars: [{' '.join(names)}], clauses: {'; '.join(shown)}\n"
         return Example(
             question=head + "trace | values:\n",
@@ -112,10 +122,22 @@ class LegoTask(Task):
             meta={"n": k, "chain": chain, "values": [value_of[v] for v in chain]},
         )
 
+    def fmt_state(self, names: list[str], values: list[str]) -> str:
+        """A state vector in alphabetical order of the names: `[3 n 0]`, or `[f 3 i n s 0]` when named."""
+        if self.params.named_states:
+            return "[" + " ".join(f"{u} {x}" for u, x in zip(names, values)) + "]"
+        return "[" + " ".join(values) + "]"
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if not d.get("named_states"):  # the default format keeps its dataset cache keys
+            d.pop("named_states", None)
+        return d
+
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
         def root_everywhere(ex: Example) -> str:
             # "every variable equals the constant given to the root"
-            return "[" + " ".join([ex.meta["values"][0]] * ex.meta["n"]) + "]"
+            return self.fmt_state(sorted(ex.meta["chain"]), [ex.meta["values"][0]] * ex.meta["n"])
 
         return {"every value = the root's constant": root_everywhere}
 

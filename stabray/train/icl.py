@@ -180,12 +180,16 @@ class ICLRun(Runner):
         self.p = self.task.params
         self.train_cfg = c.train
         self.T = self.p.T_max
+        for opt in ("train_sizes", "long_sizes"):
+            if opt in c.task.params:
+                raise UserError(f"task {c.task.name!r}: {opt} is not supported by the in-context GD runner")
         longs = self.task.long_sizes()
-        self.splits_T = {"val": self.T, "test": self.T, **{s: longs[s] for s in c.eval.long_splits}}
+        self.long_splits = self.task.long_splits(c.eval.long_splits)
+        self.splits_T = {"val": self.T, "test": self.T, **{s: longs[s] for s in self.long_splits}}
         self.sizes = {
             "val": c.task.val_size,
             "test": c.task.test_size,
-            **{s: c.task.test_size for s in c.eval.long_splits},
+            **{s: c.task.test_size for s in self.long_splits},
         }
         self.data = {s: self._draw(s, self.sizes[s], self.splits_T[s]) for s in self.splits_T}
         self._train = self._draw("train", c.task.train_size, self.T) if not c.task.resample_train else None
@@ -374,7 +378,7 @@ class ICLRun(Runner):
         for k, vals in curves.items():
             for t, v in enumerate(vals, 1):
                 out[f"{k}_T{t}"] = float(v)
-        for split in ev.long_splits:
+        for split in self.long_splits:
             cl = self.curves_of(split, noise_draws=0)
             out[f"{split}_acc"] = cl["acc"][-1]
             out[f"{split}_infer_star"] = cl["infer_star"][-1]

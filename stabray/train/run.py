@@ -19,6 +19,7 @@ from stabray.errors import UserError
 from stabray.evaluate.metrics import evaluate_split
 from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
+from stabray.record import acc_metric, trivial_metric
 from stabray.tasks import get_task
 from stabray.train.loop import Trainer, pick_device
 from stabray.train.runner import (
@@ -52,6 +53,9 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
         intermediate_size=m.intermediate_size,
         max_positions=m.max_positions,
         family=m.family,
+        positions=m.positions,
+        init_std=m.init_std,
+        freeze_embeddings=m.freeze_embeddings,
     )
 
 
@@ -68,7 +72,8 @@ class TrialRun(Runner):
         self.method = get_method(c.method.name, **c.method.params)
         self.train_cfg = c.train
         self.device = pick_device(c.device)
-        splits = ("train", "val", "test", *c.eval.long_splits)
+        self.long_splits = self.task.long_splits(c.eval.long_splits)  # test_long, test_longer or test_n<k>
+        splits = ("train", "val", "test", *self.long_splits)
         self.data = load_splits(
             self.task,
             {"train": c.task.train_size, "val": c.task.val_size, "test": c.task.test_size},
@@ -86,7 +91,7 @@ class TrialRun(Runner):
                 raise UserError(f"{tokenizer_dir}: cannot load the saved tokenizer ({one_line(e)})") from None
         elif self.spec.pretrained is None:
             texts = [t for exs in self.data.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
-            self.tokenizer = build_tokenizer(texts)
+            self.tokenizer = build_tokenizer(texts, numbers=c.model.numbers)
         else:
             self.tokenizer = load_tokenizer(self.spec)
         self.method.bind_tokenizer(self.tokenizer)  # e.g. Coconut adds <bot>/<eot> to a pretrained vocabulary
@@ -116,7 +121,7 @@ class TrialRun(Runner):
                     f"train-epoch{epoch}",
                     self.cfg.task.train_size,
                     self.cfg.task.data_seed,
-                    self.task.size,
+                    self.task.in_dist_sizes,
                     exclude=exclude,
                 ),
             )
@@ -190,18 +195,31 @@ class TrialRun(Runner):
         return m
 
     def final(self) -> dict[str, float]:
-        """Test and length-generalization accuracy, loss gap and EAF on the test split."""
+        """Test and length-generalization accuracy (test_acc, test_long_acc or test_acc_n<k>), each
+        with the best trivial rule's accuracy on the same examples beside it (trivial_<metric>),
+        loss gap and EAF on the test split."""
         ev = self.cfg.eval
         # No CoT: both prefixes of the loss gap are the prompt, so it is 0 by construction: not logged
         t = self.evaluate("test", loss_gap=ev.loss_gap and self.method.chain_at_eval)
         out: dict[str, float] = {"test_acc": t.acc}
         if t.loss_gap is not None:
             out["loss_gap"] = t.loss_gap
-        for s in ev.long_splits:
-            out[f"{s}_acc"] = self.evaluate(s).acc
+        for s in self.long_splits:
+            out[acc_metric(s)] = self.evaluate(s).acc
+        out.update(self.trivial_accuracy())
         e = self.eaf("test")
         if e is not None:
             out["final_eaf"] = e
+        return out
+
+    def trivial_accuracy(self) -> dict[str, float]:
+        """trivial_<metric>: the best of the task's trivial rules on the validation split and each
+        test split (none if the task names no rule)."""
+        out = {}
+        for s in ("val", "test", *self.long_splits):
+            rules = self.task.baseline_accuracy(self.data[s])
+            if rules:
+                out[trivial_metric(s)] = max(rules.values())
         return out
 
     def decomposition(self, n: int, split: str = "test", max_T: int | None = None) -> list[dict[str, float]]:

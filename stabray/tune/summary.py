@@ -11,14 +11,19 @@ from typing import Any
 
 import polars as pl
 
-from stabray.record import METRICS, TrialRecord, trials_frame
+from stabray.record import TrialRecord, acc_metric, describe_metric, trials_frame
 
 # Columns of the closing table, after the trial id and the searched params; each is a metric
 # declared in stabray.record (its meaning is printed under the table) or a frame column.
+# "test_long_acc" stands for the task's length-generalization accuracy: test_long_acc (10% larger
+# inputs) by default, every test_acc_n<k> when the task gives explicit long_sizes (metric_columns).
 TEXT_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "eaf", "final_eaf", "loss_gap"]
 ICL_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "val_loss", "test_infer_loss", "eaf",
             "final_eaf", "jac_err_max"]  # fmt: skip
 SCIENTIFIC = ("val_loss", "test_infer_loss")  # squared errors far below 1e-3: 2.00e-06, not 0.000
+FLOOR_ROW = "(best trivial rule)"  # the closing table's last row: each accuracy's floor on the same examples
+# accuracy column -> the metric holding its floor (the sized ones: trivial_<column>)
+FLOORS = {"val_acc": "trivial_val_acc", "best_val_acc": "trivial_val_acc", "test_acc": "trivial_test_acc"}
 
 
 def is_icl(task_name: str) -> bool:
@@ -38,17 +43,56 @@ def searched_columns(spec) -> list[str]:
 
 
 def columns_note(cols: list[str], runner: str) -> str:
-    return "columns: " + "; ".join(f"{c} = {METRICS[c].describe(runner)}" for c in cols if c in METRICS) + "."
+    return "columns: " + "; ".join(f"{c} = {describe_metric(c, runner)}" for c in cols if describe_metric(c)) + "."
+
+
+def long_columns(spec) -> list[str]:
+    """The length-generalization accuracy columns: test_long_acc (the paper's 10% larger inputs), or
+    test_acc_n<k> for every explicit size of the task's long_sizes."""
+    from stabray.tasks import get_task
+
+    try:
+        task = get_task(spec.task.name, **spec.task.params)
+    except Exception:  # noqa: BLE001 - a table of trials whose spec no longer builds: the default column
+        return ["test_long_acc"]
+    if task.explicit_long_sizes is None:
+        return ["test_long_acc"]
+    return [acc_metric(s) for s in task.long_splits(spec.eval.long_splits)]
+
+
+def metric_columns(spec) -> list[str]:
+    """The closing table's metric columns for a spec (TEXT_COLS or ICL_COLS, long columns filled in)."""
+    cols = ICL_COLS if is_icl(spec.task.name) else TEXT_COLS
+    i = cols.index("test_long_acc")
+    return [*cols[:i], *long_columns(spec), *cols[i + 1 :]]
+
+
+def floor_of(column: str) -> str | None:
+    """The metric holding an accuracy column's trivial-rule floor (None: the column is no accuracy)."""
+    if column in FLOORS:
+        return FLOORS[column]
+    is_test_acc = column.startswith("test_") and (column.endswith("_acc") or "_acc_n" in column)
+    return "trivial_" + column if is_test_acc else None
 
 
 def closing_table(spec, df: pl.DataFrame, rows: int = 10) -> tuple[pl.DataFrame, list[str]]:
     """The best `rows` trials as shown at the end of a sweep and in the parent run's summary.md: the
     trial's run name (its method and searched values, as in MLflow), searched paths without a place in
-    the name's usual set, epochs run, the metrics and the status. Returns (table, metric columns)."""
-    icl = is_icl(spec.task.name)
-    metric_cols = ICL_COLS if icl else TEXT_COLS
+    the name's usual set, epochs run, the metrics and the status; then a row FLOOR_ROW with the best
+    trivial rule's accuracy under every accuracy column (as the trials logged it, trivial_<metric>).
+    Returns (table, metric columns)."""
+    metric_cols = metric_columns(spec)
     cols = ["name", *searched_columns(spec), "epochs_run", *metric_cols, "status"]
     show = df.select([c for c in cols if c in df.columns]).head(rows).rename({"name": "trial"})
+    floor = {}
+    for c in metric_cols:
+        f = floor_of(c)
+        if c in show.columns and f in df.columns and df[f].drop_nulls().len():
+            floor[c] = df[f].drop_nulls()[0]  # every trial of a sweep shares the evaluation examples
+    if floor and show.height:
+        row = {c: floor.get(c) for c in show.columns}
+        row["trial"] = FLOOR_ROW
+        show = pl.concat([show, pl.DataFrame([row], schema=show.schema)], how="vertical")
     show = show.with_columns(
         pl.col(c).map_elements(lambda v: f"{v:.2e}", return_dtype=pl.Utf8) for c in SCIENTIFIC if c in show.columns
     )
@@ -96,7 +140,7 @@ def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s
     print(console_table(show))
     base = baselines(spec)
     if base:
-        print("trivial rules on the same test split: " + "; ".join(f"{k}: {v:.3f}" for k, v in base.items()))
+        print(wrap(baselines_text(base)))
     print(wrap(columns_note(metric_cols, "icl" if icl else "text")))
     uri = info["tracking_uri"]
     print(f"browse: python -m stabray ui --tracking-uri {uri}")
@@ -133,7 +177,9 @@ def wrap(text: str, width: int = 120) -> str:
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False))
 
 
-def baselines(spec) -> dict[str, float]:
+def baselines(spec) -> dict[str, dict[str, float]]:
+    """Each trivial rule's accuracy on each test split of the sweep (the examples its trials were
+    evaluated on): {split: {rule: accuracy}}; empty when the task names no rule."""
     from stabray.data.cache import load_splits
     from stabray.tasks import get_task
 
@@ -141,13 +187,22 @@ def baselines(spec) -> dict[str, float]:
     if not task.trivial_baselines():
         return {}
     c = spec.task
-    test = load_splits(
+    longs = task.long_splits(spec.eval.long_splits)
+    data = load_splits(
         task,
         {"train": c.train_size, "val": c.val_size, "test": c.test_size},
         seed=c.data_seed,
-        splits=("train", "val", "test", *spec.eval.long_splits),
-    )["test"]
-    return task.baseline_accuracy(test)
+        splits=("train", "val", "test", *longs),
+    )
+    return {s: task.baseline_accuracy(data[s]) for s in ("test", *longs)}
+
+
+def baselines_text(base: dict[str, dict[str, float]]) -> str:
+    """One line: every trivial rule's accuracy on every test split, by the split's accuracy metric."""
+    return "trivial rules (no learning) on the same examples: " + "; ".join(
+        f"{acc_metric(split)}: " + ", ".join(f"{rule} {v:.3f}" for rule, v in rules.items())
+        for split, rules in base.items()
+    )
 
 
 # ----------------------------------------------------------------------------------- the parent run
@@ -215,18 +270,18 @@ def sweep_description(spec) -> str:
         if s.scheduler == "asha"
         else "every trial runs all epochs"
     )
-    metric_cols = ICL_COLS if runner == "icl" else TEXT_COLS
+    metric_cols = metric_columns(spec)
     lines = [
         f"**Sweep `{spec.name}`**: {methods} on `{spec.task.name}` "
         f"({', '.join(f'{k}={v}' for k, v in spec.task.params.items()) or 'default size'}), "
-        f"{s.num_samples} trials of up to {spec.train.epochs} epochs; {s.searcher} searches "
+        f"{s.n_trials} trials of up to {spec.train.epochs} epochs; {s.searcher} searches "
         f"{', '.join(searched_names(spec)) or 'nothing'} for the best `{s.metric}` ({s.mode}); {stop}.",
         "",
         "Each child run is one trial, named after its method and searched values (`alg1-lam0.2-b4-lr0.0031-s0`: "
         "λ 0.2, 4 bits, lr 0.0031, seed 0). A trial ASHA stopped shows *Finished* in MLflow's status column "
         "with the tag `stabray.status` = STOPPED and `stabray.stopped_at_epoch`; it has no test metrics.",
         "",
-        "Columns that matter: " + "; ".join(f"`{c}`: {METRICS[c].describe(runner)}" for c in metric_cols) + ". "
+        "Columns that matter: " + "; ".join(f"`{c}`: {describe_metric(c, runner)}" for c in metric_cols) + ". "
         "Timings and placement are the `sys/` metrics.",
         "",
         "When the sweep ends, this run's own params and metrics are those of the best trial (highest "
@@ -239,7 +294,7 @@ def sweep_description(spec) -> str:
 def view_columns(spec) -> list[str]:
     """The runs-table columns the sweep is read in (the `stabray ui` link): searched params, then the
     metrics of the closing table, then the status tag."""
-    metric_cols = ICL_COLS if is_icl(spec.task.name) else TEXT_COLS
+    metric_cols = metric_columns(spec)
     cols = [f"params.{n}" for n in searched_names(spec)]
     if spec.methods:
         cols.insert(0, "params.method")
@@ -254,8 +309,10 @@ def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str
     base = baselines(spec)
     lines = [f"# {headline(spec, df, wall_s)}", "", table, ""]
     if base:
-        lines += ["Trivial rules on the same test split: " + "; ".join(f"{k}: {v:.3f}" for k, v in base.items()), ""]
-    lines += ["Columns: " + "; ".join(f"`{c}`: {METRICS[c].describe(runner)}" for c in metric_cols if c in METRICS)]
+        lines += [baselines_text(base)[0].upper() + baselines_text(base)[1:], ""]
+    lines += [
+        "Columns: " + "; ".join(f"`{c}`: {describe_metric(c, runner)}" for c in metric_cols if describe_metric(c))
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -278,8 +335,7 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
     if not df.height:
         return None
     best = df.row(0, named=True)
-    runner = "icl" if is_icl(spec.task.name) else "text"
-    metric_cols = ICL_COLS if runner == "icl" else TEXT_COLS
+    metric_cols = metric_columns(spec)
     params = {n: best.get(n) for n in searched_names(spec) if best.get(n) is not None}
     if spec.methods:
         params["method"] = best.get("method")

@@ -409,7 +409,7 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
             if group is None:
                 group = saved["groups"][label] = store.start_group(parent, label)
                 results.write_json(info_file, saved)
-            print(f"stabray: method {label} ({sub.search.num_samples} trials)", flush=True)
+            print(f"stabray: method {label} ({sub.search.n_trials} trials)", flush=True)
         if resume and results.exists(f"{sub_run}/tuner.pkl"):
             # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
             tuner = make_tuner(sub, results, sub_run, None, resume=True)
@@ -418,13 +418,13 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
             cb = MLflowTuneCallback(uri, experiment, group, searched)
             title = f"{sub.name}" + (f" [{label}]" if label else "")
             console = (
-                None if verbose else SweepConsole(title, sub.search.num_samples, sub.train.epochs, searched, cb.name_of)
+                None if verbose else SweepConsole(title, sub.search.n_trials, sub.train.epochs, searched, cb.name_of)
             )
             tuner = make_tuner(sub, results, sub_run, cb, resume=False, console=console, verbose=verbose)
         with stop.in_fit():
             grid = tuner.fit()
         grids.append(grid)
-        done = grid.num_terminated + grid.num_errors >= sub.search.num_samples
+        done = grid.num_terminated + grid.num_errors >= sub.search.n_trials
         if stop.signal is not None or not done:
             info["complete"] = False
             break  # interrupted: stop here, --resume continues

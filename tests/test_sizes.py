@@ -1,0 +1,231 @@
+"""Evaluation at explicit sizes and training on a mix of sizes: splits, metric names, the spec
+validator, and the trivial-rule floors every trial logs beside its accuracies."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import polars as pl
+import pytest
+
+from stabray.data.splits import draw, make_splits, split_seed
+from stabray.errors import SpecError, UserError
+from stabray.record import (
+    TrialRecord,
+    acc_metric,
+    describe_metric,
+    is_metric,
+    logged_name,
+    trials_frame,
+    trivial_metric,
+)
+from stabray.spec import load_spec
+from stabray.tasks import get_task
+from stabray.tasks.base import normalize_answer
+
+
+def test_train_sizes_mix_draws_each_size_uniformly():
+    task = get_task("dijkstra", decimals=1, train_sizes=[5, 3, 4])
+    assert task.size == 5 and task.in_dist_sizes == (3, 4, 5)
+    splits = make_splits(task, {"train": 600, "val": 150, "test": 150}, seed=0)
+    for name in ("train", "val", "test"):
+        counts = Counter(e.meta["n"] for e in splits[name])
+        assert set(counts) == {3, 4, 5}
+        n = len(splits[name])
+        # binomial(n, 1/3): each count within 4 standard deviations of n/3
+        assert all(abs(c - n / 3) < 4 * np.sqrt(n * (1 / 3) * (2 / 3)) for c in counts.values()), counts
+    # the length-generalization splits lie beyond the largest training size
+    assert task.long_sizes() == {"test_long": 6, "test_longer": 7}
+    assert {e.meta["n"] for e in splits["test_long"]} == {6} and {e.meta["n"] for e in splits["test_longer"]} == {7}
+    # no question of an evaluation split is in the training split
+    evals = {e.question for s in ("val", "test") for e in splits[s]}
+    assert not evals & {e.question for e in splits["train"]}
+
+
+def test_mixed_split_against_an_independent_draw():
+    """A mixed split is: one RandomState seeded by (seed, split, sizes); per example a uniform size,
+    then the task's own sample at that size (here redrawn by hand, duplicates skipped)."""
+    task = get_task("lego_cyclic", n_vars=3, train_sizes=[2, 3])
+    got = draw(task, "val", 40, 7, (2, 3))
+    rng = np.random.RandomState(split_seed(7, "val", (2, 3)))
+    want, seen = [], set()
+    while len(want) < 40:
+        size = (2, 3)[rng.randint(2)]
+        ex = task.sample(rng, size)
+        if ex.question not in seen:
+            seen.add(ex.question)
+            want.append(ex)
+    assert [e.question + e.answer for e in got] == [e.question + e.answer for e in want]
+
+
+def test_single_size_splits_and_cache_keys_unchanged():
+    """Without the new options a task draws exactly what it drew before they existed."""
+    task = get_task("dijkstra", n_nodes=4, decimals=1)
+    assert task.in_dist_sizes == (4,)
+    assert [e.question for e in draw(task, "test", 5, 0, 4)] == [e.question for e in draw(task, "test", 5, 0, (4,))]
+    rng = np.random.RandomState(split_seed(0, "test", 4))  # the seed of a single size is the old one
+    assert draw(task, "test", 1, 0, 4)[0].question == task.sample(rng, 4).question
+    assert set(task.describe()) == {"task", "version", "n_nodes", "p", "decimals"}
+    assert set(get_task("lego_cyclic").describe()) == {"task", "version", "n_vars"}
+
+
+def test_explicit_long_sizes_name_the_splits():
+    task = get_task("dijkstra", n_nodes=4, decimals=1, train_sizes=[3, 4], long_sizes=[6, 5])
+    assert task.long_sizes() == {"test_n5": 5, "test_n6": 6}
+    assert task.long_splits() == ("test_n5", "test_n6") and task.long_splits(["test_n6"]) == ("test_n6",)
+    splits = make_splits(task, {"train": 20, "val": 10, "test": 10}, seed=0)
+    assert set(splits) == {"train", "val", "test", "test_n5", "test_n6"}
+    assert {e.meta["n"] for e in splits["test_n6"]} == {6}
+    with pytest.raises(UserError, match="no split 'test_long'"):
+        task.long_splits(["test_long"])
+
+
+@pytest.mark.parametrize(
+    "params, problem",
+    [
+        ({"train_sizes": []}, "non-empty list"),
+        ({"train_sizes": 3}, "non-empty list"),
+        ({"train_sizes": [3, 3]}, "distinct"),
+        ({"train_sizes": [1, 4]}, ">= 2"),
+        ({"n_nodes": 4, "long_sizes": [4, 5]}, "larger than the largest training size 4"),
+        ({"train_sizes": [3, 5], "long_sizes": [5]}, "larger than the largest training size 5"),
+        ({"n_nodes": 4, "labels": 5, "long_sizes": [6]}, "needs at least 6 labels"),
+        ({"train_size": [3]}, "unknown parameter 'train_size'"),
+    ],
+)
+def test_bad_size_options(params, problem):
+    with pytest.raises(UserError, match=problem):
+        get_task("dijkstra", **params)
+
+
+def test_metric_names_by_size():
+    assert acc_metric("test") == "test_acc" and acc_metric("test_long") == "test_long_acc"
+    assert acc_metric("test_n12") == "test_acc_n12" and trivial_metric("test_n5") == "trivial_test_acc_n5"
+    assert trivial_metric("test_longer") == "trivial_test_longer_acc"
+    for name in ("test_acc_n5", "trivial_test_acc_n12", "trivial_test_acc", "trivial_test_long_acc", "trivial_val_acc"):
+        assert is_metric(name) and logged_name(name) == name  # science metrics: no sys/ prefix
+        assert describe_metric(name)
+    assert "size 7" in describe_metric("test_acc_n7")
+    for name in ("test_acc_n", "test_acc_nX", "test_n5_acc", "test_acc@n5"):
+        assert not is_metric(name)
+    # MLflow's allowed metric-name characters: letters, digits, _ - . / : and space
+    import re
+
+    assert re.fullmatch(r"[\w\-./: ]+", acc_metric("test_n5"))
+
+
+def test_trials_frame_reads_sized_metrics():
+    recs = [
+        TrialRecord("a", {"task": "dijkstra", "method": "sft_cot", "seed": 0}, {"test_acc": 0.9, "test_acc_n5": 0.4,
+                                                                                 "trivial_test_acc_n5": 0.6}),
+        TrialRecord("b", {"task": "dijkstra", "method": "sft_cot", "seed": 1}, {"test_acc": 0.8, "test_acc_n10": 0.1}),
+    ]  # fmt: skip
+    df = trials_frame(recs)
+    assert df.schema["test_acc_n5"] == pl.Float64 and df.schema["test_acc_n10"] == pl.Float64
+    assert df.filter(pl.col("trial_id") == "a")["test_acc_n5"].item() == 0.4
+    assert df.filter(pl.col("trial_id") == "b")["test_acc_n5"].item() is None
+    assert df["trivial_test_acc_n5"].to_list() == [0.6, None]
+
+
+SPEC = """
+include: {base}
+name: sized
+task:
+  name: dijkstra
+  params: {{n_nodes: 4, decimals: 1, train_sizes: [3, 4], long_sizes: [5, 6], labels: 8}}
+  train_size: 32
+  val_size: 8
+  test_size: 12
+model: {{preset: tiny, init_std: 0.1}}
+method: {{name: sft_cot}}
+train: {{epochs: 1, batch_size: 16, max_steps_per_epoch: 2, threads: 1}}
+eval: {{eaf_examples: 0, decomposition_examples: 0, weight_noise_seeds: 0}}
+search: {{space: {{lam: null, bits: null}}}}
+"""
+
+
+def write_spec(tmp_path, text=SPEC):
+    from stabray.spec import SWEEPS_DIR
+
+    path = tmp_path / "sized.yaml"
+    path.write_text(text.format(base=SWEEPS_DIR / "_base.yaml"))
+    return path
+
+
+def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_dir):
+    from stabray.train import make_run
+
+    spec, _ = load_spec(str(write_spec(tmp_path)))
+    cfg = {**spec.trial_base(), "cache_dir": cache_dir}
+    run = make_run(cfg)
+    run.epoch()
+    final = run.final()
+    want = {"test_acc", "test_acc_n5", "test_acc_n6", "trivial_val_acc", "trivial_test_acc", "trivial_test_acc_n5",
+            "trivial_test_acc_n6"}  # fmt: skip
+    assert set(final) >= want and "test_long_acc" not in final
+    assert all(is_metric(k) for k in final)
+    assert {e.meta["n"] for e in run.data["test_n6"]} == {6} and {e.meta["n"] for e in run.data["test"]} <= {3, 4}
+    # each floor against the two Dijkstra rules computed here from the graph alone, on the very examples evaluated
+    by_rule = {
+        "adjacent": lambda ex: rule_text(ex, adjacent=True),
+        "identity": lambda ex: rule_text(ex, adjacent=False),
+    }
+    for split in ("val", "test", "test_n5", "test_n6"):
+        exs = run.data[split]
+        best = max(
+            np.mean([normalize_answer(f(e)) == normalize_answer(e.final) for e in exs]) for f in by_rule.values()
+        )
+        assert final[trivial_metric(split)] == pytest.approx(best)
+
+
+def rule_text(ex, adjacent: bool) -> str:
+    A, s, labels = np.asarray(ex.meta["A"]), ex.meta["source"], ex.meta["labels"]
+    pred = [labels[s] if adjacent and A[s, v] != 0 and v != s else labels[v] for v in range(len(A))]
+    return "[" + " ".join(f"{labels[v]}:{p}" for v, p in enumerate(pred)) + "]"
+
+
+def test_spec_validator_names_bad_long_splits(tmp_path):
+    bad = SPEC.replace("eaf_examples: 0,", "eaf_examples: 0, long_splits: [test_long],")
+    with pytest.raises(SpecError, match="eval.long_splits"):
+        load_spec(str(write_spec(tmp_path, bad)))
+    with pytest.raises(SpecError, match="long_sizes"):
+        load_spec(str(write_spec(tmp_path, SPEC.replace("long_sizes: [5, 6]", "long_sizes: [4, 6]"))))
+
+
+def test_closing_table_puts_floors_under_the_accuracies(tmp_path):
+    from stabray.tune.summary import FLOOR_ROW, closing_table, metric_columns
+
+    spec, _ = load_spec(str(write_spec(tmp_path)))
+    assert metric_columns(spec)[:5] == ["val_acc", "best_val_acc", "test_acc", "test_acc_n5", "test_acc_n6"]
+    metrics = {"val_acc": 0.9, "test_acc": 0.95, "test_acc_n5": 0.7, "test_acc_n6": 0.5, "trivial_val_acc": 0.8,
+               "trivial_test_acc": 0.84, "trivial_test_acc_n5": 0.6, "trivial_test_acc_n6": 0.4}  # fmt: skip
+    recs = [TrialRecord(str(i), {"task": "dijkstra", "method": "sft_cot", "seed": i}, metrics, [(1, 0.9)])
+            for i in range(2)]  # fmt: skip
+    show, _ = closing_table(spec, trials_frame(recs).rename({"n_epochs": "epochs_run"}))
+    floor = show.filter(pl.col("trial") == FLOOR_ROW).row(0, named=True)
+    assert show.height == 3 and show["trial"][-1] == FLOOR_ROW
+    assert (floor["test_acc"], floor["test_acc_n5"], floor["test_acc_n6"]) == (0.84, 0.6, 0.4)
+    assert floor["val_acc"] == floor["best_val_acc"] == 0.8 and floor["eaf"] is None
+
+
+def test_sized_metrics_round_trip_through_mlflow(tmp_path):
+    """MLflow accepts the sized names and the trials read back with them as columns."""
+    from stabray.tracking import Store
+
+    store = Store(f"sqlite:///{tmp_path}/mlflow.db", "sized")
+    parent = store.start_parent("sized", "sized-1", {})
+    child = store.start_child(parent, "t0", "sft_cot-s0", {"task": "dijkstra", "method": "sft_cot", "seed": 0}, {}, {})
+    final = {"test_acc": 0.9, "test_acc_n5": 0.55, "trivial_test_acc_n5": 0.6, "test_acc_n12": 0.1}
+    assert store.log_metrics(child, final, step=1) == 4
+    records, _ = store.trial_records(stability=False)
+    df = trials_frame(records)
+    assert df["test_acc_n5"].to_list() == [0.55] and df["test_acc_n12"].to_list() == [0.1]
+    assert df["trivial_test_acc_n5"].to_list() == [0.6]
+
+
+def test_size_parameter_is_the_largest_training_size():
+    assert get_task("dijkstra", train_sizes=[3, 5]).params.n_nodes == 5
+    assert get_task("dijkstra", n_nodes=5, train_sizes=[3, 5]).size == 5
+    with pytest.raises(UserError, match="disagrees with train_sizes"):
+        get_task("dijkstra", n_nodes=4, train_sizes=[3, 5])

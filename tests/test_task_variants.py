@@ -1,0 +1,130 @@
+"""Laptop-scale variants of the task formats: labelled CLRS graphs (`labels: k`) and named LEGO
+states (`named_states: true`), each checked against the default rendering of the same draw and
+against independent references (shortest-path distances from scipy, a parser of the text)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from scipy.sparse.csgraph import shortest_path
+
+from stabray.data.splits import draw, make_splits
+from stabray.tasks import get_task
+from stabray.tasks.base import normalize_answer
+
+CLRS = ("dijkstra", "bellman_ford", "mst_prim", "bfs", "dfs")
+
+
+def parse_labelled(question: str, weighted: bool) -> tuple[list[int], np.ndarray, int | None]:
+    """(labels in node order, adjacency matrix, source node index) read back from a labelled question."""
+    adj = re.search(r"A: \{(.*)\}, initial_trace", question).group(1)
+    rows = re.findall(r"(\d+): \[([^\]]*)\]", adj)
+    labels = [int(lab) for lab, _ in rows]
+    index = {lab: i for i, lab in enumerate(labels)}
+    A = np.zeros((len(labels), len(labels)))
+    for i, (_, body) in enumerate(rows):
+        for entry in filter(None, body.split(", ")):
+            parts = entry.split()
+            A[i, index[int(parts[0])]] = float(parts[1]) if weighted else 1
+    s = re.search(r"s: (\d+),", question)
+    return labels, A, index[int(s.group(1))] if s else None
+
+
+def named(text: str) -> dict[int, int]:
+    """A labelled pi vector `[2:5 5:5]` as {2: 5, 5: 5}."""
+    return {int(a): int(b) for a, b in re.findall(r"(\d+):(\d+)", text)}
+
+
+@pytest.mark.parametrize("name", CLRS)
+def test_labelled_variant_is_the_same_graph_and_algorithm(name):
+    """Same seed -> the same graph, source and trace as CLRS-Text, renamed by the drawn labels."""
+    plain = get_task(name, n_nodes=5, decimals=1)
+    lab = get_task(name, n_nodes=5, decimals=1, labels=12)
+    for seed in range(30):
+        a = plain.sample(np.random.RandomState(seed), 5)
+        b = lab.sample(np.random.RandomState(seed), 5)
+        labels, A, s = parse_labelled(b.question, lab.weighted)
+        assert labels == sorted(labels) and len(set(labels)) == 5 and all(0 <= x < 12 for x in labels)
+        assert labels == b.meta["labels"]
+        np.testing.assert_array_equal(A, np.asarray(a.meta["A"]))
+        assert s == a.meta["source"]
+        assert len(b.steps) == len(a.steps)
+        for plain_vec, lab_vec in zip((*a.steps, a.final), (*b.steps, b.final)):
+            pi = [int(x) for x in plain_vec.strip("[]").split()]
+            assert named(lab_vec) == {labels[v]: labels[p] for v, p in enumerate(pi)}
+            assert list(named(lab_vec)) == labels  # entries in label order
+
+
+def test_labelled_dijkstra_answers_are_shortest_path_trees():
+    """Independent of our Dijkstra: with scipy's distances d, every reached node v != s has
+    d[pi(v)] + A[pi(v), v] == d[v]; unreached nodes and the source point to themselves."""
+    task = get_task("dijkstra", n_nodes=6, decimals=1, labels=16)
+    for ex in draw(task, "test", 60, 3, 6):
+        labels, A, s = parse_labelled(ex.question, weighted=True)
+        pi = named(ex.final)
+        graph = np.where(np.eye(len(A), dtype=bool), 0, A)  # self-loops never shorten a path
+        d = shortest_path(graph, method="D", directed=False, indices=s)
+        for v, lab in enumerate(labels):
+            p = labels.index(pi[lab])
+            if v == s or not np.isfinite(d[v]):
+                assert p == v
+            else:
+                assert d[p] + A[p, v] == pytest.approx(d[v], abs=1e-9)
+
+
+def test_every_label_of_the_pool_appears_in_small_graphs():
+    """The point of the variant: graphs of 3-4 nodes already use every label a 6-node graph needs."""
+    task = get_task("dijkstra", n_nodes=4, decimals=1, labels=12, train_sizes=[3, 4], long_sizes=[5, 6])
+    train = make_splits(task, {"train": 200, "val": 10, "test": 10}, seed=0)["train"]
+    finals = set()
+    for ex in train:
+        finals.update(named(ex.answer).values())
+    assert finals == set(range(12))
+
+
+@pytest.mark.parametrize("name", ["dijkstra", "dfs"])
+def test_labelled_trivial_rules_match_the_plain_ones(name):
+    """Each rule is right on a labelled example exactly when it is right on the same plain one."""
+    plain = get_task(name, n_nodes=5, decimals=1)
+    lab = get_task(name, n_nodes=5, decimals=1, labels=9)
+    for seed in range(40):
+        a = plain.sample(np.random.RandomState(seed), 5)
+        b = lab.sample(np.random.RandomState(seed), 5)
+        assert plain.baseline_accuracy([a]) == lab.baseline_accuracy([b])
+
+
+def test_labelled_cache_key_and_default_unchanged():
+    assert "labels" not in get_task("dijkstra").describe()
+    assert get_task("dijkstra", labels=12).describe()["labels"] == 12
+    a = get_task("dijkstra", n_nodes=4).sample(np.random.RandomState(0), 4)
+    assert "A: [[" in a.question and "labels" not in a.meta
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_labels_must_be_a_pool_size(bad):
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match="labels"):
+        get_task("dijkstra", n_nodes=4, labels=bad)
+
+
+@pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
+def test_named_lego_states_carry_the_same_values(name):
+    plain = get_task(name, n_vars=4)
+    nm = get_task(name, n_vars=4, named_states=True)
+    for seed in range(20):
+        a = plain.sample(np.random.RandomState(seed), 4)
+        b = nm.sample(np.random.RandomState(seed), 4)
+        assert a.question == b.question and len(a.steps) == len(b.steps)
+        names = sorted(a.meta["chain"])
+        for va, vb in zip((*a.steps, a.final), (*b.steps, b.final)):
+            tokens = vb.strip("[]").split()
+            assert tokens[0::2] == names and tokens[1::2] == va.strip("[]").split()
+        rule = nm.trivial_baselines()["every value = the root's constant"](b)
+        assert normalize_answer(rule) == normalize_answer(
+            "[" + " ".join(f"{u} {a.meta['values'][0]}" for u in names) + "]"
+        )
+        assert plain.baseline_accuracy([a]) == nm.baseline_accuracy([b])
+    assert "named_states" not in plain.describe() and nm.describe()["named_states"] is True
