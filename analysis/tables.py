@@ -8,6 +8,7 @@ that Markdown and LaTeX render; `data` holds the numbers at full precision, in t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,10 +201,13 @@ def table1(
     methods: Sequence[str] = PAPER_METHODS,
 ) -> Table:
     """Test accuracy (%) mean ± std over the seeds of each (task, method)'s selected configuration.
-    Rows: the paper's methods plus any other method logged; columns: the tasks logged."""
+    Rows: the paper's methods plus any other method logged, then (when the trials logged
+    `trivial_<metric>`) the best trivial rule on the same examples; columns: the tasks logged."""
     caption = caption or f"Test accuracy (%) from {metric}, mean ± sample std (ddof=1) over seeds"
     tasks = ordered(trials["task"].to_list(), TASK_ORDER)
     meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
+    if metric not in trials.columns:
+        return _empty(name, caption, f"No trial logged {metric}.", ["Method"])
     stats = mean_std(trials, select_best(trials), metric)
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
@@ -214,6 +218,11 @@ def table1(
         display[task_label(t)] = [
             fmt_pm(cell[(t, m)]["mean"], cell[(t, m)]["std"], scale) if (t, m) in cell else MISSING for m in meths
         ]
+    floor = _floors(trials, "trivial_" + metric, tasks)
+    if floor:
+        display["Method"].append(FLOOR_LABEL)
+        for t in tasks:
+            display[task_label(t)].append(fmt_num(floor[t] * scale) if t in floor else MISSING)
     data = pl.DataFrame(
         [
             {
@@ -227,6 +236,10 @@ def table1(
             }
             for t in tasks
             for m in meths
+        ]
+        + [
+            {"task": t, "method": "best_trivial_rule", "mean_pct": v * scale, "std_pct": None, "n_seeds": 0}
+            for t, v in floor.items()
         ],
         schema={"task": pl.Utf8, "method": pl.Utf8, "mean_pct": pl.Float64, "std_pct": pl.Float64, "n_seeds": pl.Int64},
     )
@@ -235,6 +248,34 @@ def table1(
     if ns:
         caption += f"; seeds per cell: {min(ns)}" + (f"–{max(ns)}" if max(ns) != min(ns) else "")
     return Table(name, caption, pl.DataFrame(display), data, note)
+
+
+FLOOR_LABEL = "Best trivial rule"  # the last row of a Table 1 variant: accuracy without learning
+
+
+def _floors(trials: pl.DataFrame, floor_metric: str, tasks: Sequence[str]) -> dict[str, float]:
+    """Per task, the best trivial rule's accuracy as the finished trials logged it (the rule's
+    accuracy on the evaluation split, the same for every trial with the task's data settings; the
+    mean if settings differ)."""
+    if floor_metric not in trials.columns:
+        return {}
+    rows = trials.filter(pl.col(floor_metric).is_not_null())
+    return {t: float(rows.filter(pl.col("task") == t)[floor_metric].mean()) for t in tasks if t in rows["task"]}
+
+
+def table1_sized(trials: pl.DataFrame) -> list[Table]:
+    """Table 1 at every explicit evaluation size the trials logged (`test_acc_n<k>`, a task's
+    long_sizes), one table per size, each with its trivial-rule floor."""
+    sizes = sorted(int(c[len("test_acc_n") :]) for c in trials.columns if re.fullmatch(r"test_acc_n\d+", c))
+    return [
+        table1(
+            trials,
+            f"test_acc_n{k}",
+            name=f"table1_n{k}",
+            caption=f"Length generalization: test accuracy (%) on inputs of size {k}, mean ± sample std over seeds",
+        )
+        for k in sizes
+    ]
 
 
 def table1_length(trials: pl.DataFrame, longer: bool = False) -> Table:
@@ -513,6 +554,7 @@ def all_tables(trials: pl.DataFrame, decomp: pl.DataFrame) -> list[Table]:
         table1(trials),
         table1_length(trials),
         table1_length(trials, longer=True),
+        *table1_sized(trials),
         table3(trials, decomp),
         table4(trials, decomp),
         table5(trials),

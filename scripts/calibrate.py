@@ -1,23 +1,22 @@
-"""One calibration trial without Ray: a sweep spec's trial (plus --set overrides), trained to the end
-with one torch thread, then exact-match accuracy on every evaluation split beside the task's trivial
-rules on the same examples, broken down by input size; one JSON line appended to --out.
+"""One laptop-calibration trial without Ray: a profile of scripts/calibration_profiles.yaml (plus
+--set overrides), trained to the end with one torch thread, then exact-match accuracy on every
+evaluation split beside the task's trivial rules on the same examples, broken down by input size;
+one JSON line appended to --out (`scripts/calibration_table.py` turns the lines into the README's
+calibration table).
 
-    PYTHONPATH=. python scripts/calibrate.py sweeps/dijkstra.yaml --seed 1 --label d30 \\
-        --set task.params.labels=0 --out calibration.jsonl
-
-What it changes against the spec (so trials cost what the study measured): method sft_cot unless
---set method.name=..., no per-epoch EAF, no eq. (4) table, no weight-noise seeds, no loss gap,
-validation on `--val-examples` examples per epoch. The calibration table in the README lists the
-commands of its rows; `scripts/calibration_table.py` turns the JSON lines into that table.
+    PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --seed 1
+    PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --set train.epochs=20 --label d17_e20
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import yaml
 
@@ -57,46 +56,53 @@ def split_report(run, split: str) -> dict:
     }
 
 
+PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
+
+
+def profile_config(name: str, profiles: dict) -> dict:
+    """A profile's trial config: its parent's (or the base) with its `set` fields replaced."""
+    from stabray.config import set_path
+    from stabray.errors import UserError
+
+    entries = profiles["profiles"]
+    if name not in entries:
+        raise UserError(f"no calibration profile {name!r}; known: {', '.join(entries)}")
+    entry = entries[name] or {}
+    if entry.get("not_shipped"):
+        raise UserError(f"profile {name!r} needs a prototype option that is not shipped: {entry['not_shipped']}")
+    cfg = profile_config(entry["parent"], profiles) if entry.get("parent") else copy.deepcopy(profiles["base"])
+    for k, v in (entry.get("set") or {}).items():
+        set_path(cfg, k, copy.deepcopy(v))
+    return cfg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("spec", help="a sweep spec (name or path); its trial base is the calibration trial")
+    ap.add_argument("profile", help="a profile of scripts/calibration_profiles.yaml")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--label", default="", help="the profile's name in the table")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
-    ap.add_argument("--val-examples", type=int, default=100)
-    ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--label", default="", help="the row's name in the table (default: the profile)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    ap.add_argument("--cache-dir", default=None, help="dataset cache (default: $STABRAY_CACHE)")
     ap.add_argument("--out", default="calibration.jsonl")
     args = ap.parse_args()
 
     import torch
 
     from stabray.config import set_path
-    from stabray.spec import load_spec
     from stabray.train.run import TrialRun
 
     torch.set_num_threads(1)
-    overrides = {"method.name": "sft_cot", "method.params": {}, "search.space": {}}
+    cfg = profile_config(args.profile, yaml.safe_load(PROFILES.read_text()))
     for item in args.set:
         k, v = item.split("=", 1)
-        overrides[k] = yaml.safe_load(v)
-    spec, path = load_spec(args.spec, overrides)
-    cfg = spec.trial_base()
+        set_path(cfg, k, yaml.safe_load(v))
     cfg["seed"] = args.seed
-    cfg["device"] = "cpu"
     cfg["cache_dir"] = args.cache_dir
-    for k, v in {
-        "train.threads": 1,
-        "eval.eaf_examples": 0,
-        "eval.decomposition_examples": 0,
-        "eval.weight_noise_seeds": 0,
-        "eval.loss_gap": False,
-        "eval.val_examples": args.val_examples,
-    }.items():
-        set_path(cfg, k, v)
     t0, c0 = time.perf_counter(), time.process_time()
     run = TrialRun(cfg)
     n_params = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
-    print(f"[{args.label or path.stem} seed {args.seed}] params {n_params}, vocab {len(run.tokenizer)}", flush=True)
+    label = args.label or args.profile
+    print(f"[{label} seed {args.seed}] params {n_params}, vocab {len(run.tokenizer)}", flush=True)
     epochs = []
     while not run.done:
         m = run.epoch()
@@ -108,8 +114,8 @@ def main() -> None:
         )
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
     rec = {
-        "label": args.label or path.stem,
-        "spec": str(args.spec),
+        "label": label,
+        "profile": args.profile,
         "overrides": args.set,
         "seed": args.seed,
         "config": cfg,

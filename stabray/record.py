@@ -226,7 +226,7 @@ SIZED_METRICS: dict[str, Metric] = {
         Metric(
             "test_acc_n<k>",
             "final",
-            "exact match of the final answer on test inputs of size k (a task's long_sizes: nodes, variables)",
+            "exact match of the final answer on test inputs of size k (nodes, variables: a task's long_sizes)",
             runners=_TEXT,
         ),
         Metric(

@@ -229,3 +229,75 @@ def test_size_parameter_is_the_largest_training_size():
     assert get_task("dijkstra", n_nodes=5, train_sizes=[3, 5]).size == 5
     with pytest.raises(UserError, match="disagrees with train_sizes"):
         get_task("dijkstra", n_nodes=4, train_sizes=[3, 5])
+
+
+def test_method_table_means_over_seeds_against_numpy():
+    from stabray.tune.summary import FLOOR_ROW, method_table
+
+    spec, _ = load_spec("dijkstra_methods")
+    rng = np.random.default_rng(0)
+    recs, acc = [], {}
+    for m in ("alg1", "sft_cot"):
+        for seed in range(3):
+            vals = {"test_acc": rng.uniform(), "test_acc_n5": rng.uniform(), "test_acc_n6": rng.uniform()}
+            acc.setdefault(m, []).append(vals)
+            metrics = {**vals, "best_val_acc": 0.5, "trivial_test_acc": 0.84, "trivial_test_acc_n5": 0.6,
+                       "trivial_test_acc_n6": 0.4}  # fmt: skip
+            recs.append(TrialRecord(f"{m}{seed}", {"task": "dijkstra", "method": m, "seed": seed}, metrics))
+    table = method_table(spec, trials_frame(recs))
+    assert table["method"].to_list() == ["sft_cot", "alg1", FLOOR_ROW]  # the spec's order, then the floor
+    for m in ("sft_cot", "alg1"):
+        row = table.filter(pl.col("method") == m).row(0, named=True)
+        assert row["n"] == "3"
+        for col in ("test_acc", "test_acc_n5", "test_acc_n6"):
+            xs = [v[col] for v in acc[m]]
+            assert row[col] == f"{np.mean(xs):.3f} ± {np.std(xs, ddof=1):.3f}"
+    floor = table.row(2, named=True)
+    assert (floor["test_acc"], floor["test_acc_n5"], floor["test_acc_n6"]) == ("0.840", "0.600", "0.400")
+
+
+def test_report_tables_at_explicit_sizes_with_floors():
+    from analysis.tables import FLOOR_LABEL, all_tables, table1_sized
+
+    rng = np.random.default_rng(1)
+    recs, xs = [], []
+    for seed in range(3):
+        x = float(rng.uniform())
+        xs.append(x)
+        metrics = {"test_acc": 0.9, "test_acc_n5": x, "trivial_test_acc_n5": 0.6, "best_val_acc": 0.9}
+        recs.append(TrialRecord(str(seed), {"task": "dijkstra", "method": "sft_cot", "seed": seed}, metrics))
+    df = trials_frame(recs)
+    (table,) = table1_sized(df)
+    assert table.name == "table1_n5"
+    shown = dict(zip(table.display["Method"], table.display["Dijkstra"]))
+    assert shown["SFT-CoT"] == f"{100 * np.mean(xs):.1f} ± {100 * np.std(xs, ddof=1):.1f}"
+    assert shown[FLOOR_LABEL] == "60"
+    assert "table1_n5" in [t.name for t in all_tables(df, pl.DataFrame())]
+
+
+def test_calibration_profiles_build():
+    """Every profile of the README's calibration table that the code supports is a valid trial."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    from stabray.config import parse_trial_config
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate.py"
+    mod = importlib.util.spec_from_file_location("calibrate", path)
+    calibrate = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(calibrate)
+    profiles = yaml.safe_load(calibrate.PROFILES.read_text())
+    built = 0
+    for name, entry in profiles["profiles"].items():
+        if (entry or {}).get("not_shipped"):
+            with pytest.raises(UserError, match="not shipped"):
+                calibrate.profile_config(name, profiles)
+            continue
+        cfg = parse_trial_config(calibrate.profile_config(name, profiles))
+        get_task(cfg.task.name, **cfg.task.params)
+        built += 1
+    assert built >= 30
+    d17 = parse_trial_config(calibrate.profile_config("d17_mix34_init1", profiles))
+    assert d17.model.init_std == 0.1 and d17.task.params == {"decimals": 1, "train_sizes": [3, 4]}

@@ -99,6 +99,39 @@ def closing_table(spec, df: pl.DataFrame, rows: int = 10) -> tuple[pl.DataFrame,
     return show, metric_cols
 
 
+def method_table(spec, df: pl.DataFrame) -> pl.DataFrame:
+    """A multi-method sweep side by side: per method (and configuration, when a method ran several),
+    mean ± sample std over its finished trials (the seeds) of every accuracy column, n, and a last
+    row with the best trivial rule's accuracy on the same examples. Empty for a one-method sweep."""
+    if not spec.methods or not df.height:
+        return pl.DataFrame()
+    accs = [c for c in metric_columns(spec) if c.startswith("test_") and floor_of(c) and c in df.columns]
+    done = df.filter(pl.col("status") == "FINISHED")
+    if not done.height:
+        return pl.DataFrame()
+    order = [m.method.name for m in _method_specs(spec)]
+    groups = done.group_by(["method", "config_key"], maintain_order=True).agg(
+        pl.len().alias("n"),
+        *(pl.col(c).mean().alias(f"{c}_mean") for c in accs),
+        *(pl.col(c).std(ddof=1).alias(f"{c}_std") for c in accs),
+    )
+    groups = groups.sort(pl.col("method").replace_strict(order, list(range(len(order))), default=len(order)))
+
+    def pm(mean, std) -> str:
+        if mean is None:
+            return "-"
+        return f"{mean:.3f} ± {std:.3f}" if std is not None else f"{mean:.3f}"
+
+    rows = [
+        {"method": g["method"], "n": str(g["n"]), **{c: pm(g[f"{c}_mean"], g[f"{c}_std"]) for c in accs}}
+        for g in groups.iter_rows(named=True)
+    ]
+    floor = {c: done[floor_of(c)].drop_nulls() for c in accs if floor_of(c) in done.columns}
+    if any(len(v) for v in floor.values()):
+        rows.append({"method": FLOOR_ROW, "n": "", **{c: f"{v[0]:.3f}" if len(v) else "-" for c, v in floor.items()}})
+    return pl.DataFrame(rows, schema={"method": pl.Utf8, "n": pl.Utf8, **{c: pl.Utf8 for c in accs}})
+
+
 def sorted_trials(records: list[TrialRecord]) -> pl.DataFrame:
     """Every trial, best first (best_val_acc, then val_acc, then the lower final EAF)."""
     df = trials_frame(records).rename({"n_epochs": "epochs_run"})
@@ -138,6 +171,10 @@ def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s
     icl = is_icl(spec.task.name)
     show, metric_cols = closing_table(spec, df)
     print(console_table(show))
+    side = method_table(spec, df)
+    if side.height:
+        print("\nper method, mean ± sample std over its finished trials (n), against the best trivial rule:")
+        print(console_table(side))
     base = baselines(spec)
     if base:
         print(wrap(baselines_text(base)))
@@ -308,6 +345,10 @@ def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str
         table = str(show)
     base = baselines(spec)
     lines = [f"# {headline(spec, df, wall_s)}", "", table, ""]
+    side = method_table(spec, df)
+    if side.height:
+        with pl.Config(**TABLE_STYLE):
+            lines += ["Per method, mean ± sample std over its finished trials (n):", "", str(side), ""]
     if base:
         lines += [baselines_text(base)[0].upper() + baselines_text(base)[1:], ""]
     lines += [
