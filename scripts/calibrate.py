@@ -113,15 +113,19 @@ def main() -> None:
             flush=True,
         )
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
-    rec = {
-        "label": label,
-        "profile": args.profile,
-        "overrides": args.set,
+    rec = {  # the fields scripts/calibration_table.py reads, then the details
+        "profile": label,
         "seed": args.seed,
-        "config": cfg,
+        "source": "stabray",
+        "task": run.task.name,
+        "splits": {
+            s: {k: r[k] for k in ("sizes", "acc", "n", "best_rule", "best_rule_name")} for s, r in final.items()
+        },
         "params": n_params,
-        "wall_min": (time.perf_counter() - t0) / 60,
-        "cpu_min": (time.process_time() - c0) / 60,
+        "wall_min": round((time.perf_counter() - t0) / 60, 2),
+        "cpu_min": round((time.process_time() - c0) / 60, 2),
+        "overrides": args.set,
+        "config": cfg,
         "epochs": epochs,
         "final": final,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),

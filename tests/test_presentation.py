@@ -186,7 +186,7 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     rows = [line for line in md.splitlines() if line.startswith("| alg1")]
     assert [r.split("|")[1].strip() for r in rows] == ["alg1-lam0.2-b4-s0", "alg1-lam0.5-b2-s0", "alg1-lam1.0-b32-s0"]
     assert "| STOPPED" in rows[2] and "| 0.750 " in rows[0]  # rounded to 3 decimals
-    assert "Trivial rules on the same test split" in md
+    assert "Trivial rules (no learning) on the same examples: test_acc: pi=s if adjacent" in md
     plots = {a.path for a in client.list_artifacts(parent, "plots")}
     assert plots == {"plots/val_acc_per_epoch.png", "plots/accuracy_vs_eaf.png"}
 
@@ -227,7 +227,7 @@ def test_help_version_and_listings_fit_the_screen(capsys):
     assert max(map(len, tasks)) <= 200
     dijkstra = tasks.index(next(line for line in tasks if line.startswith("dijkstra ")))
     assert "n_nodes=4" in tasks[dijkstra + 2] and "sweeps/dijkstra.yaml" in tasks[dijkstra + 2]
-    assert "example (test split, n_nodes=4" in tasks[dijkstra + 3]
+    assert "example (test split, n_nodes=4" in " ".join(tasks[dijkstra + 3 : dijkstra + 5])  # after wrapped params
     quad = tasks.index(next(line for line in tasks if line.startswith("icl_quadratic ")))
     assert re.match(r"  \w", tasks[quad + 1]) and "quadratic" in tasks[quad + 1]  # a description, not empty
 

@@ -1,0 +1,78 @@
+"""The README's laptop calibration table from calibration JSON lines (scripts/calibrate.py's --out;
+scripts/calibration_results.jsonl holds every row measured so far): one row per trial, then the
+mean ± std over seeds of every profile run with 3 or more seeds.
+
+    python scripts/calibration_table.py scripts/calibration_results.jsonl [more.jsonl ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
+
+
+def compact(value) -> str:
+    """A YAML flow value without quotes: {decimals: 1, train_sizes: [3, 4]}."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+
+
+def settings(name: str, profiles: dict) -> str:
+    """What a profile changes against its parent, as in scripts/calibration_profiles.yaml."""
+    entry = profiles.get(name) or {}
+    if entry.get("not_shipped"):
+        return f"{entry.get('parent')} + prototype-only option"
+    sets = ", ".join(f"{k}={compact(v)}" for k, v in (entry.get("set") or {}).items())
+    return f"{entry['parent']} + {sets}" if entry.get("parent") else "the base"
+
+
+def cell(split: dict | None) -> str:
+    return "-" if split is None else f"{split['acc']:.3f} ({split['best_rule']:.3f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+")
+    args = ap.parse_args()
+    profiles = yaml.safe_load(PROFILES.read_text())["profiles"]
+    rows = [json.loads(line) for f in args.files for line in Path(f).read_text().splitlines() if line.strip()]
+    print("| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
+          "| long sizes | +1 acc (rule) | +2 acc (rule) | cpu min | wall min | code |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    by_profile = defaultdict(list)
+    for i, r in enumerate(rows, 1):
+        splits = r["splits"]
+        longs = [s for s in splits if s != "test"]
+        train = ",".join(map(str, splits["test"]["sizes"]))
+        long_sizes = ",".join(str(splits[s]["sizes"][0]) for s in longs)
+        cpu = f"{r['cpu_min']:.2f}" if r.get("cpu_min") else "-"
+        print(f"| {i} | {r['profile']} | {r['seed']} | {r['task']} | {settings(r['profile'], profiles)} | {train} | "
+              f"{cell(splits['test'])} | {long_sizes} | {cell(splits.get(longs[0]))} | "
+              f"{cell(splits.get(longs[1]) if len(longs) > 1 else None)} | {cpu} | {r['wall_min']:.2f} | "
+              f"{r['source']} |")
+        by_profile[r["profile"]].append(r)
+    print("\nSeed means (profiles run with >= 3 seeds; mean ± sample std over seeds, the rule in brackets):\n")
+    print("| profile | seeds | in-dist | +1 | +2 | cpu min |")
+    print("|---|---|---|---|---|---|")
+    for name, rs in by_profile.items():
+        if len(rs) < 3:
+            continue
+        cols = []
+        for k in range(3):
+            accs = [list(r["splits"].values())[k]["acc"] for r in rs]
+            rule = list(rs[0]["splits"].values())[k]["best_rule"]
+            cols.append(f"{statistics.mean(accs):.3f} ± {statistics.stdev(accs):.3f} ({rule:.3f})")
+        cpus = [r["cpu_min"] for r in rs if r.get("cpu_min")]
+        cpu = f"{statistics.mean(cpus):.2f}" if cpus else "-"
+        seeds = ",".join(str(r["seed"]) for r in rs)
+        print(f"| {name} | {seeds} | {cols[0]} | {cols[1]} | {cols[2]} | {cpu} |")
+
+
+if __name__ == "__main__":
+    main()
