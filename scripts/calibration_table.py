@@ -42,8 +42,10 @@ def main() -> None:
     args = ap.parse_args()
     profiles = yaml.safe_load(PROFILES.read_text())["profiles"]
     rows = [json.loads(line) for f in args.files for line in Path(f).read_text().splitlines() if line.strip()]
-    print("| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
-          "| long sizes | +1 acc (rule) | +2 acc (rule) | cpu min | wall min | code |")
+    print(
+        "| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
+        "| long sizes | +1 acc (rule) | +2 acc (rule) | cpu min | wall min | code |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     by_profile = defaultdict(list)
     for i, r in enumerate(rows, 1):
@@ -52,10 +54,12 @@ def main() -> None:
         train = ",".join(map(str, splits["test"]["sizes"]))
         long_sizes = ",".join(str(splits[s]["sizes"][0]) for s in longs)
         cpu = f"{r['cpu_min']:.2f}" if r.get("cpu_min") else "-"
-        print(f"| {i} | {r['profile']} | {r['seed']} | {r['task']} | {settings(r['profile'], profiles)} | {train} | "
-              f"{cell(splits['test'])} | {long_sizes} | {cell(splits.get(longs[0]))} | "
-              f"{cell(splits.get(longs[1]) if len(longs) > 1 else None)} | {cpu} | {r['wall_min']:.2f} | "
-              f"{r['source']} |")
+        print(
+            f"| {i} | {r['profile']} | {r['seed']} | {r['task']} | {settings(r['profile'], profiles)} | {train} | "
+            f"{cell(splits['test'])} | {long_sizes} | {cell(splits.get(longs[0]))} | "
+            f"{cell(splits.get(longs[1]) if len(longs) > 1 else None)} | {cpu} | {r['wall_min']:.2f} | "
+            f"{r['source']} |"
+        )
         by_profile[r["profile"]].append(r)
     print("\nSeed means (profiles run with >= 3 seeds; mean ± sample std over seeds, the rule in brackets):\n")
     print("| profile | seeds | in-dist | +1 | +2 | cpu min |")
