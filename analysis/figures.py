@@ -38,9 +38,12 @@ def _colors(keys: list[str]) -> dict[str, str]:
 
 
 def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Path:
-    """Figure 2 style: loss gap (left axis, solid) and bound (right axis, dashed, log if it spans
-    decades) against T, one panel per task, one colour per method; mean over the selected
-    configuration's seeds."""
+    """Figure 2 style: loss gap (solid) and bound (dashed) against T on one log axis, one panel per
+    task, one colour per method; mean over the selected configuration's finished seeds. Points
+    where a value is 0 (T = 1: no step before it) or missing cannot sit on a log axis and are left
+    out; the panel's note counts them."""
+    from matplotlib.ticker import MaxNLocator
+
     title = "Loss gap and bound of eq. (4) against T"
     selected = select_best(trials)
     if decomp.is_empty() or selected.is_empty():
@@ -53,25 +56,29 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
     tasks = ordered(curves["task"].to_list(), TASK_ORDER)
     meths = ordered(curves["method"].to_list(), PAPER_METHODS)
     colors = _colors(meths)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        ax2 = ax.twinx()
-        bounds = []
+        left_out = 0
         for m in meths:
             c = curves.filter((pl.col("task") == task) & (pl.col("method") == m)).sort("T")
-            if c.is_empty():
-                continue
-            ax.plot(c["T"], c["loss_gap"], "-o", color=colors[m], label=f"{method_label(m)} gap")
-            ax2.plot(c["T"], c["bound"], "--s", color=colors[m], alpha=0.7, label=f"{method_label(m)} bound")
-            bounds += [b for b in c["bound"].to_list() if b is not None and b > 0]
-        if bounds and max(bounds) / min(bounds) > 100:
-            ax2.set_yscale("log")
-        ax.set_title(task_label(task))
+            for y, style, alpha in (("loss_gap", "-o", 1.0), ("bound", "--s", 0.7)):
+                ok = c.filter(pl.col(y).is_not_null() & pl.col(y).is_not_nan() & (pl.col(y) > 0))
+                left_out += c.height - ok.height
+                if not ok.is_empty():
+                    ax.plot(ok["T"], ok[y], style, color=colors[m], alpha=alpha)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(task_label(task) + (f" ({left_out} zero/missing points left out)" if left_out else ""), fontsize=9)
         ax.set_xlabel("T (reasoning steps)")
-        ax.set_ylabel("loss gap (solid)")
-        ax2.set_ylabel("bound, eq. (4) (dashed)")
+        ax.set_ylabel("loss gap (solid), bound (dashed); log")
     handles = [plt.Line2D([], [], color=colors[m], label=method_label(m)) for m in meths]
-    fig.legend(handles=handles, loc="upper center", ncol=len(meths), bbox_to_anchor=(0.5, 1.08), frameon=False)
+    handles += [
+        plt.Line2D([], [], color="gray", ls="-", marker="o", label="loss gap"),
+        plt.Line2D([], [], color="gray", ls="--", marker="s", label="bound, eq. (4)"),
+    ]
+    fig.legend(
+        handles=handles, loc="upper center", ncol=min(len(handles), 4), bbox_to_anchor=(0.5, 1.12), frameon=False
+    )
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -100,7 +107,10 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
     df = _one_knob(trials, param)
     panels = [
         (y, lab)
-        for y, lab in (("eaf_value", "error amplification factor Σρ"), ("loss_gap", "loss gap"))
+        for y, lab in (
+            ("final_eaf", "test EAF Σρ (final model, T_max)"),
+            ("loss_gap", "test loss gap, nats/token (< 0: own chain better)"),
+        )
         if df[y].drop_nulls().len() > 0
     ]
     if df.is_empty() or not panels:
@@ -132,7 +142,7 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
 def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     """Test accuracy against EAF, one dot per finished trial, one colour per method."""
     title = "Test accuracy against EAF per trial"
-    df = trials.filter(pl.col("test_acc").is_not_null() & pl.col("eaf_value").is_not_null())
+    df = trials.filter(pl.col("test_acc").is_not_null() & pl.col("final_eaf").is_not_null())
     if df.is_empty():
         return _no_data(path, title, "no trial logged both test_acc and an EAF")
     meths = ordered(df["method"].to_list(), PAPER_METHODS)
@@ -141,11 +151,11 @@ def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for m in meths:
         d = df.filter(pl.col("method") == m)
-        ax.scatter(d["eaf_value"], d["test_acc"] * scale, color=colors[m], label=method_label(m), alpha=0.7, s=18)
-    v = df["eaf_value"].filter(df["eaf_value"] > 0)
+        ax.scatter(d["final_eaf"], d["test_acc"] * scale, color=colors[m], label=method_label(m), alpha=0.7, s=18)
+    v = df["final_eaf"].filter(df["final_eaf"] > 0)
     if len(v) and v.max() / v.min() > 100:
         ax.set_xscale("log")
-    ax.set_xlabel("error amplification factor Σρ")
+    ax.set_xlabel("test EAF Σρ (final_eaf: final model, T_max)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)

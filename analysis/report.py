@@ -39,15 +39,16 @@ def build_report(
     for t in tables:
         t.write(out)
     source = f"Ray Tune dir `{ray_dir}`" if ray_dir else f"MLflow `{tracking_uri or 'default'}`"
-    n_ok = trials.filter(trials["status"] == "FINISHED").height if trials.height else 0
     lines = [
         f"# Report: {experiment}",
         "",
-        f"Source: {source}; {trials.height} trials ({n_ok} finished), "
-        f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition.",
+        f"Source: {source}; {status_line(trials)}; "
+        f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition. Only "
+        "finished trials (every epoch run) feed the tables' final-metric cells.",
         "",
         table1(trials).to_markdown(),
         "",
+        *stopped_section(trials),
         "## Files",
         "",
     ]
@@ -64,6 +65,49 @@ def build_report(
             Store.existing(tracking_uri, experiment).log_artifacts(loaded.parent_run_id, out, "report")
     print(f"report: wrote {len(tables)} tables and {len(figures)} figures to {out}")
     return out
+
+
+STATUS_WORDS = {  # status -> how the report counts it
+    "FINISHED": "finished",
+    "STOPPED": "stopped early by the scheduler",
+    "FAILED": "failed",
+    "KILLED": "killed",
+    "RUNNING": "running",
+}
+
+
+def status_line(trials) -> str:
+    """'8 trials: 1 finished, 7 stopped early by the scheduler' (statuses in a fixed order)."""
+    if not trials.height:
+        return "0 trials"
+    counts = trials.group_by("status").len()
+    n = {r["status"]: r["len"] for r in counts.iter_rows(named=True)}
+    parts = [f"{n[s]} {w}" for s, w in STATUS_WORDS.items() if n.get(s)]
+    parts += [f"{c} {s or 'without a status'}" for s, c in n.items() if s not in STATUS_WORDS]
+    return f"{trials.height} trials: " + ", ".join(parts)
+
+
+def stopped_section(trials) -> list[str]:
+    """A Markdown list of the trials the scheduler stopped, with the epochs each ran and its best
+    validation accuracy (none: an empty list)."""
+    import polars as pl
+
+    if not trials.height:
+        return []
+    stopped = trials.filter(pl.col("status") == "STOPPED").sort("n_epochs", "name", nulls_last=True)
+    if stopped.is_empty():
+        return []
+    out = [
+        "## Trials stopped early",
+        "",
+        "Stopped by the sweep's scheduler after the epochs shown; "
+        "their final metrics (test accuracy, EAF, loss gap) were never computed and no table uses them.",
+        "",
+    ]
+    for r in stopped.iter_rows(named=True):
+        acc = "" if r.get("best_val_acc") is None else f", best val_acc {r['best_val_acc']:.3f}"
+        out.append(f"- `{r['name']}`: stopped after epoch {r['n_epochs']}{acc}")
+    return [*out, ""]
 
 
 def icl_figures(experiment: str, trials, tracking_uri=None, ray_dir=None, out: Path = Path(".")) -> list[Path]:

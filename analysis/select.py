@@ -1,8 +1,10 @@
 """Configuration selection and aggregation over seeds.
 
 A trial's validation score is `best_val_acc` (max over epochs), else its last `val_acc`. Per group
-(default (task, method)) the best FINISHED trial wins; equal scores go to the lower EAF
-(`final_eaf`, else the last `eaf`), then to the lower trial id so the choice is deterministic.
+(default (task, method)) the best FINISHED trial wins (a trial ASHA stopped, that failed or was
+killed never does: its final metrics are missing or from a shorter run); equal scores go to the lower
+validation EAF of the last epoch (`eaf`: selection reads validation numbers only), then to the lower
+trial id so the choice is deterministic.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP) -> pl.DataFrame
     df = _finished(trials).with_columns(score=pl.coalesce("best_val_acc", "val_acc"))
     df = df.filter(pl.col("score").is_not_null() & pl.all_horizontal(pl.col(c).is_not_null() for c in by))
     df = df.sort(
-        [*by, "score", "eaf_value", "trial_id"],
+        [*by, "score", "eaf", "trial_id"],
         descending=[False] * len(by) + [True, False, False],
         nulls_last=True,
     )

@@ -18,6 +18,8 @@ import polars as pl
 from analysis.select import GROUP, mean_std, seeds_of, select_best
 
 MISSING = "–"  # en dash; LaTeX gets "--"
+NOT_RUN = "not run"  # no trial of this (task, method) in the source
+NO_FINISHED = "no finished trial"  # trials ran, but none ran every epoch (ASHA stopped, failed or killed)
 
 # Paper order first; anything else found in the data follows, sorted.
 PAPER_METHODS = ["no_cot", "sft_cot", "implicit_cot", "coconut", "nso", "alg1"]
@@ -157,13 +159,34 @@ def fmt_num(x) -> str:
     return f"{x:.3g}"
 
 
-def fmt_pm(mean, std, scale: float = 1.0) -> str:
-    """`mean ± std`, one decimal; the mean alone with one seed (std null)."""
+def fmt_pm(mean, std, scale: float = 1.0, n: int | None = None) -> str:
+    """`mean ± std (n=k)`, one decimal; the mean alone with one seed (std null); `(n=k)` when n is
+    given, so every cell says how many seeds it averages."""
     if _missing(mean):
         return MISSING
+    tail = "" if n is None else f" (n={n})"
     if _missing(std):
-        return f"{mean * scale:.1f}"
-    return f"{mean * scale:.1f} ± {std * scale:.1f}"
+        return f"{mean * scale:.1f}{tail}"
+    return f"{mean * scale:.1f} ± {std * scale:.1f}{tail}"
+
+
+def _absent(trials: pl.DataFrame, task: str, method: str) -> str:
+    """What an empty (task, method) cell means: never run, run without a finished trial, or
+    finished without the metric."""
+    mine = trials.filter((pl.col("task") == task) & (pl.col("method") == method))
+    if mine.is_empty():
+        return NOT_RUN
+    if mine.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED")).is_empty():
+        return NO_FINISHED
+    return MISSING
+
+
+def _epochs(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP) -> str:
+    """The epochs the seeds of the selected configurations ran ("12", or "6–12")."""
+    e = seeds_of(trials, selected, by)["n_epochs"].drop_nulls() if not selected.is_empty() else pl.Series([])
+    if not len(e):
+        return ""
+    return f"{e.min()}" + (f"–{e.max()}" if e.max() != e.min() else "")
 
 
 def _pct_scale(values: pl.Series) -> float:
@@ -200,15 +223,18 @@ def table1(
     caption: str | None = None,
     methods: Sequence[str] = PAPER_METHODS,
 ) -> Table:
-    """Test accuracy (%) mean ± std over the seeds of each (task, method)'s selected configuration.
-    Rows: the paper's methods plus any other method logged, then (when the trials logged
-    `trivial_<metric>`) the best trivial rule on the same examples; columns: the tasks logged."""
+    """Test accuracy (%) mean ± std (n = seeds) over the seeds of each (task, method)'s selected
+    configuration; only FINISHED trials feed a cell. Rows: the paper's methods plus any other method
+    logged, then (when the trials logged `trivial_<metric>`) the best trivial rule on the same
+    examples; columns: the tasks logged. An empty cell says why: "not run", "no finished trial"
+    (every trial stopped early, failed or was killed), or "–" (finished without the metric)."""
     caption = caption or f"Test accuracy (%) from {metric}, mean ± sample std (ddof=1) over seeds"
     tasks = ordered(trials["task"].to_list(), TASK_ORDER)
     meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     if metric not in trials.columns:
         return _empty(name, caption, f"No trial logged {metric}.", ["Method"])
-    stats = mean_std(trials, select_best(trials), metric)
+    selected = select_best(trials)
+    stats = mean_std(trials, selected, metric)
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
     scale = _pct_scale(stats["mean"]) if len(stats) else 100.0
@@ -216,7 +242,10 @@ def table1(
     display = {"Method": [method_label(m) for m in meths]}
     for t in tasks:
         display[task_label(t)] = [
-            fmt_pm(cell[(t, m)]["mean"], cell[(t, m)]["std"], scale) if (t, m) in cell else MISSING for m in meths
+            fmt_pm(cell[(t, m)]["mean"], cell[(t, m)]["std"], scale, cell[(t, m)]["n"])
+            if (t, m) in cell
+            else _absent(trials, t, m)
+            for m in meths
         ]
     floor = _floors(trials, "trivial_" + metric, tasks)
     if floor:
@@ -245,8 +274,9 @@ def table1(
     )
     ns = [r["n"] for r in cell.values()]
     note = "" if ns else f"No finished trial has {metric}."
-    if ns:
-        caption += f"; seeds per cell: {min(ns)}" + (f"–{max(ns)}" if max(ns) != min(ns) else "")
+    epochs = _epochs(trials, selected)
+    if epochs:
+        caption += f"; epochs run: {epochs}"
     return Table(name, caption, pl.DataFrame(display), data, note)
 
 
@@ -304,24 +334,36 @@ def _at_T(decomp: pl.DataFrame, T: int = PAPER_T) -> pl.DataFrame:
 
 
 def _decomp_means(trials, decomp, selected, by, keys, T: int = PAPER_T) -> dict[tuple, dict]:
-    """Per group: mean over the selected configuration's seeds of the decomposition at T (T_max if
-    the chains are shorter); "T" = the largest T used."""
+    """Per group: mean, sample std (`<key>_std`) and n over the selected configuration's seeds of the
+    decomposition at T (T_max if the chains are shorter); "T" = the largest T used."""
     at = _at_T(decomp, T)
     if at.is_empty():
         return {}
     seeds = seeds_of(trials, selected, by).select([*by, "trial_id"])
     rows = at.drop([c for c in by if c in at.columns]).join(seeds, on="trial_id", how="inner")
-    agg = rows.group_by(list(by), maintain_order=True).agg([pl.col(k).mean() for k in keys] + [pl.col("T").max()])
+    aggs = [pl.col(k).mean() for k in keys] + [pl.col(k).std(ddof=1).alias(f"{k}_std") for k in keys]
+    agg = rows.group_by(list(by), maintain_order=True).agg(aggs + [pl.col("T").max(), pl.len().alias("n")])
     return {tuple(r[c] for c in by): r for r in agg.iter_rows(named=True)}
+
+
+GAP_NOTE = (
+    "Loss gap: |loss of step T given the model's own prefix − given the gold prefix| from the eq. (4) "
+    "table (nats/token, never negative)."
+)
 
 
 def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Table:
     """Per task, method and bit-width: test accuracy, loss gap, bound, Σρ and Σε at T (5, as the
-    paper; T_max where the chains are shorter), on each method's evaluation chain."""
+    paper; T_max where the chains are shorter), on each method's evaluation chain; each a mean over
+    the selected configuration's finished seeds, with n. Every stability column comes from the eq. (4)
+    table only (a trial without one leaves them empty: no per-epoch or final EAF is put in its place)."""
     name = "table3_bits"
-    caption = f"Decomposition of eq. (4) per QAT bit-width at T = {T} or T_max if smaller (* = selected on validation)"
+    caption = (
+        f"Decomposition of eq. (4) per QAT bit-width at T = {T} or T_max if smaller, test split, mean over "
+        "seeds (* = selected on validation)"
+    )
     by = ("task", "method", "bits")
-    cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T", "sel."]
+    cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T", "n", "sel."]
     with_bits = trials.filter(pl.col("bits").is_not_null())
     if with_bits.is_empty():
         return _empty(name, caption, "No trial logged a bits param.", cols)
@@ -330,25 +372,29 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
     dec = _decomp_means(with_bits, decomp, selected, by, ["loss_gap", "bound", "eaf", "sum_eps"], T)
     winners = {tuple(r[c] for c in GROUP) + (r["bits"],) for r in select_best(with_bits).iter_rows(named=True)}
     scale = _pct_scale(with_bits["test_acc"])
-    fallback = {tuple(r[c] for c in by): r for r in selected.iter_rows(named=True)}
+    keys = [tuple(r[c] for c in by) for r in selected.iter_rows(named=True)]
     disp, data = [], []
     tasks = ordered(selected["task"].to_list(), TASK_ORDER)
     meths = ordered(selected["method"].to_list(), PAPER_METHODS)
-    for key in sorted(fallback, key=lambda k: (tasks.index(k[0]), meths.index(k[1]), k[2])):
-        a, d, f = acc.get(key, {}), dec.get(key, {}), fallback[key]
-        loss_gap = d.get("loss_gap", f["loss_gap"])  # the trial's own loss gap if no decomposition
-        eaf = d.get("eaf", f["eaf_value"])
+    for key in sorted(keys, key=lambda k: (tasks.index(k[0]), meths.index(k[1]), k[2])):
+        a, d = acc.get(key, {}), dec.get(key, {})
         rec = {
             "task": key[0],
             "method": key[1],
             "bits": key[2],
             "test_acc_pct": a["mean"] * scale if a.get("mean") is not None else None,
             "test_acc_std_pct": a["std"] * scale if a.get("std") is not None else None,
-            "loss_gap": loss_gap,
+            "n_acc": a.get("n"),
+            "loss_gap": d.get("loss_gap"),
+            "loss_gap_std": d.get("loss_gap_std"),
             "bound": d.get("bound"),
-            "sum_rho": eaf,
+            "bound_std": d.get("bound_std"),
+            "sum_rho": d.get("eaf"),
+            "sum_rho_std": d.get("eaf_std"),
             "sum_eps": d.get("sum_eps"),
+            "sum_eps_std": d.get("sum_eps_std"),
             "T": d.get("T"),
+            "n_decomposition": d.get("n"),
             "selected": key in winners,
         }
         data.append(rec)
@@ -357,16 +403,17 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
                 task_label(key[0]),
                 method_label(key[1]),
                 str(key[2]),
-                fmt_pm(a.get("mean"), a.get("std"), scale),
-                fmt_num(loss_gap),
-                fmt_num(rec["bound"]),
-                fmt_num(eaf),
-                fmt_num(rec["sum_eps"]),
+                fmt_pm(a.get("mean"), a.get("std"), scale, a.get("n")),
+                _pm(rec["loss_gap"], rec["loss_gap_std"]),
+                _pm(rec["bound"], rec["bound_std"]),
+                _pm(rec["sum_rho"], rec["sum_rho_std"]),
+                _pm(rec["sum_eps"], rec["sum_eps_std"]),
                 fmt_num(rec["T"]),
+                fmt_num(rec["n_decomposition"]),
                 "*" if rec["selected"] else "",
             ]
         )
-    note = "" if dec else "No stability decomposition logged: bound, Σε and T are missing."
+    note = GAP_NOTE + ("" if dec else " No stability decomposition logged: loss gap, bound, Σρ, Σε and T are missing.")
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
 
@@ -378,7 +425,7 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
         f"Decomposition of eq. (4) at T = {T} or T_max if smaller, per method (selected configuration, seed mean)",
     )
     keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
-    cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T"]
+    cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T", "n"]
     selected = select_best(trials)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", cols)
@@ -390,9 +437,9 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
         d = dec.get((r["task"], r["method"]), {})
         model = r.get("model")
         vals = {k: d.get(k) for k in keys}
-        if vals["loss_gap"] is None:
-            vals["loss_gap"] = r["loss_gap"]
-        data.append({"task": r["task"], "model": model, "method": r["method"], **vals, "T": d.get("T")})
+        data.append(
+            {"task": r["task"], "model": model, "method": r["method"], **vals, "T": d.get("T"), "n": d.get("n")}
+        )
         disp.append(
             [
                 task_label(r["task"]),
@@ -400,9 +447,10 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
                 method_label(r["method"]),
                 *(fmt_num(vals[k]) for k in keys),
                 fmt_num(d.get("T")),
+                fmt_num(d.get("n")),
             ]
         )
-    note = "" if dec else "No stability decomposition logged: only the trials' own loss gap is shown."
+    note = GAP_NOTE + ("" if dec else " No stability decomposition logged: every term is missing.")
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
 
@@ -516,13 +564,13 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) 
     name = "eaf_reduction"
     caption = (
         f"EAF reduction factor relative to {method_label(REFERENCE_METHOD)} (EAF(SFT-CoT) / EAF(method), "
-        "selected configurations, mean EAF over seeds)"
+        "test EAF of the final model at T_max (final_eaf), selected configurations, mean over seeds)"
     )
     tasks = ordered(trials["task"].to_list(), TASK_ORDER)
     meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
-    stats = mean_std(trials, select_best(trials), "eaf_value")
+    stats = mean_std(trials, select_best(trials), "final_eaf")
     eaf = {(r["task"], r["method"]): r["mean"] for r in stats.iter_rows(named=True)}
     data, display = [], {"Method": [method_label(m) for m in meths]}
     for t in tasks:

@@ -143,8 +143,11 @@ METRICS: dict[str, Metric] = {
             "loss_gap",
             "final",
             "test split: final-answer loss (nats/token) given the model's own chain minus given the method's gold "
-            "evaluation chain (Alg. 1 / MTP with lam < 1: the compressed chain; Implicit CoT: the empty chain). "
-            "Not logged for No CoT (both prefixes are the prompt)",
+            "evaluation chain (Alg. 1 / MTP with lam < 1: the compressed chain; Implicit CoT: the empty chain); "
+            "signed: negative when the answer is more likely after the model's own chain than after the gold one "
+            "(a model whose chain errs but whose answer does not depend on it, or a gold chain it reads badly). "
+            "Not logged for No CoT (both prefixes are the prompt); the eq. (4) table's loss gap is |.| of one "
+            "step's loss",
             icl_meaning="inference minus teacher-forced loss at T_max against the last label (theta*: infer_star - "
             "tf_star with last_target=star; theta_T: infer_loss - tf_loss with gd)",
         ),
@@ -456,7 +459,6 @@ META_COLUMNS: dict[str, pl.DataType] = {
     "best_val_acc": pl.Float64,  # max val_acc over epochs
     "best_epoch": pl.Int64,  # 1-based epoch of that max (first one on ties)
     "n_epochs": pl.Int64,  # epochs run
-    "eaf_value": pl.Float64,  # final_eaf, else the last per-epoch eaf
 }
 
 DECOMP_SCHEMA: dict[str, pl.DataType] = {
@@ -549,10 +551,8 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
         col = k if k not in META_COLUMNS or k in PARAM_TYPES else f"param_{k}"
         if col not in schema or k in PARAM_TYPES:
             schema[col] = PARAM_TYPES.get(k) or _infer([r.params.get(k) for r in records])
-    data = {c: [_parse(row.get(c), t) for row in rows] for c, t in schema.items() if c != "eaf_value"}
-    data["eaf_value"] = [None] * len(rows)
-    df = pl.DataFrame(data, schema=schema)
-    return df.with_columns(eaf_value=pl.coalesce("final_eaf", "eaf")).sort("trial_id")
+    data = {c: [_parse(row.get(c), t) for row in rows] for c, t in schema.items()}
+    return pl.DataFrame(data, schema=schema).sort("trial_id")
 
 
 def decomposition_frame(records: list[TrialRecord]) -> pl.DataFrame:

@@ -16,7 +16,19 @@ import pytest
 from analysis.load import load_ray
 from analysis.rerun import expand_seeds, plan_reruns, seed_plan
 from analysis.select import mean_std, select_best
-from analysis.tables import MISSING, Table, eaf_reduction, latex_escape, table1, table1_length, table3, table4, table5
+from analysis.tables import (
+    MISSING,
+    NO_FINISHED,
+    NOT_RUN,
+    Table,
+    eaf_reduction,
+    latex_escape,
+    table1,
+    table1_length,
+    table3,
+    table4,
+    table5,
+)
 from stabray.record import TrialRecord, decomposition_frame, trials_frame
 
 
@@ -83,21 +95,21 @@ def test_frame_types_and_best_epoch():
     assert b["best_epoch"] is None and b["lora_rank"] is None and b["test_acc"] is None
 
 
-def test_selection_ties_go_to_lower_eaf():
+def test_selection_ties_go_to_lower_validation_eaf():
+    """Selection reads validation numbers only: ties go to the lower last-epoch validation EAF
+    (`eaf`), never to the test EAF (`final_eaf`)."""
     trials = trials_frame(
         [
-            rec("t1", lr=1e-3, val=(0.8,), eaf=9.0),
-            rec("t2", lr=2e-3, val=(0.8,), eaf=3.0),  # same val, lower EAF: wins
+            rec("t1", lr=1e-3, val=(0.8,), eaf=1.0),  # lowest test EAF, but its validation EAF is higher
+            rec("t2", lr=2e-3, val=(0.8,), eaf=9.0),  # same val, lower validation EAF: wins
             rec("t3", lr=3e-3, val=(0.7,), eaf=1.0),
             rec("t4", lr=4e-3, val=(0.9,), eaf=1.0, status="FAILED"),  # failed trials never win
-            rec("u1", method="alg1", lr=1e-3, val=(0.6,)),  # no final_eaf: last eaf is used ...
-            rec("u2", method="alg1", lr=2e-3, val=(0.6,), eaf=2.0),
+            rec("t5", lr=5e-3, val=(0.95,), status="STOPPED"),  # nor trials the scheduler stopped
         ]
     )
-    trials = trials.with_columns(eaf=pl.when(pl.col("trial_id") == "u1").then(1.0).otherwise(pl.col("eaf")))
-    trials = trials.with_columns(eaf_value=pl.coalesce("final_eaf", "eaf"))
-    sel = {r["method"]: r["trial_id"] for r in select_best(trials).iter_rows(named=True)}
-    assert sel == {"sft_cot": "t2", "alg1": "u1"}
+    val_eaf = {"t1": 5.0, "t2": 3.0, "t3": 1.0, "t4": 1.0, "t5": 1.0}
+    trials = trials.with_columns(eaf=pl.col("trial_id").replace_strict(val_eaf, return_dtype=pl.Float64))
+    assert select_best(trials)["trial_id"].to_list() == ["t2"]
 
 
 def test_mean_std_over_seeds_matches_numpy():
@@ -111,19 +123,20 @@ def test_mean_std_over_seeds_matches_numpy():
     assert st["mean"] == pytest.approx(np.mean(accs)) and st["std"] == pytest.approx(np.std(accs, ddof=1))
     t = table1(trials)
     cell = t.display.filter(pl.col("Method") == "SFT-CoT")["Dijkstra"][0]
-    assert cell == f"{np.mean(accs) * 100:.1f} ± {np.std(accs, ddof=1) * 100:.1f}"
+    assert cell == f"{np.mean(accs) * 100:.1f} ± {np.std(accs, ddof=1) * 100:.1f} (n=3)"
     csv = t.data.filter(pl.col("method") == "sft_cot").row(0, named=True)
     assert csv["mean_pct"] == pytest.approx(np.mean(accs) * 100) and csv["n_seeds"] == 3
     half = table1_length(trials).display.filter(pl.col("Method") == "SFT-CoT")["Dijkstra"][0]
-    assert half == f"{np.mean(accs) * 50:.1f} ± {np.std(accs, ddof=1) * 50:.1f}"
+    assert half == f"{np.mean(accs) * 50:.1f} ± {np.std(accs, ddof=1) * 50:.1f} (n=3)"
 
 
 def test_missing_cells_are_marked():
     trials = trials_frame([rec("a", test=0.5, val=(0.5,)), rec("b", task="bfs", method="alg1", val=(0.5,))])
     t = table1(trials)
     row = t.display.filter(pl.col("Method") == "SFT-CoT").row(0, named=True)
-    assert row["Dijkstra"] == "50.0" and row["BFS"] == MISSING  # one seed: the mean alone
-    assert t.display.filter(pl.col("Method") == "Coconut")["Dijkstra"][0] == MISSING  # never run
+    assert row["Dijkstra"] == "50.0 (n=1)" and row["BFS"] == NOT_RUN  # one seed: the mean alone
+    assert t.display.filter(pl.col("Method") == "Coconut")["Dijkstra"][0] == NOT_RUN
+    assert t.display.filter(pl.col("Method") == "Algorithm 1")["BFS"][0] == MISSING  # finished, no test_acc
     csv_lines = t.to_csv().splitlines()
     assert "bfs,sft_cot,,,0" in csv_lines  # empty in CSV
     assert "--" in t.to_latex() and MISSING in t.to_markdown()
@@ -132,7 +145,7 @@ def test_missing_cells_are_marked():
     assert t3.note and t4.note and t3.display["Bound"].to_list() == [MISSING, MISSING]
     # no EAF at all, then no SFT-CoT EAF: reduction factors missing, with a note
     assert "EAF" in eaf_reduction(trials).note
-    only_alg1 = trials.with_columns(eaf_value=pl.when(pl.col("method") == "alg1").then(2.0))
+    only_alg1 = trials.with_columns(final_eaf=pl.when(pl.col("method") == "alg1").then(2.0))
     red = eaf_reduction(only_alg1)
     assert "sft_cot" in red.note and (red.display.drop("Method") == MISSING).to_numpy().all()
 
@@ -185,11 +198,60 @@ def test_decomposition_tables():
     one_bit = t3.data.filter((pl.col("method") == "alg1") & (pl.col("bits") == 1)).row(0, named=True)
     assert one_bit["sum_rho"] == pytest.approx(6.0)  # mean of eaf*T at T=4 over the two seeds: (4 + 8) / 2
     assert one_bit["test_acc_pct"] == pytest.approx(71.0) and one_bit["T"] == 4  # T = 5 asked, T_max = 4
+    assert one_bit["sum_rho_std"] == pytest.approx(np.std([4.0, 8.0], ddof=1)) and one_bit["n_decomposition"] == 2
+    shown = t3.display.filter((pl.col("Method") == "Algorithm 1") & (pl.col("Bits") == "1")).row(0, named=True)
+    assert shown["Σρ"] == f"6 ± {np.std([4.0, 8.0], ddof=1):.3g}" and shown["n"] == "2"
+    assert shown["Test acc. (%)"] == f"71.0 ± {np.std([70.0, 72.0], ddof=1):.1f} (n=2)"
+    # a trial without an eq. (4) table: its stability cells stay empty; its per-epoch or final EAF
+    # (40) and its own final-answer loss gap are other quantities and never fill them
+    sft = t3.data.filter(pl.col("method") == "sft_cot").row(0, named=True)
+    assert sft["sum_rho"] is None and sft["loss_gap"] is None and sft["bound"] is None
+    assert t4_row(trials, full, "sft_cot")["loss_gap"] is None
     assert t3.data.filter(pl.col("bits") == 4)["selected"].to_list() == [True]
     t4 = table4(trials, full).data.filter(pl.col("method") == "alg1").row(0, named=True)
     assert t4["bound"] == pytest.approx(6.0) and t4["C2"] == 5.0
     red = eaf_reduction(trials).data.filter((pl.col("method") == "alg1")).row(0, named=True)
     assert red["reduction"] == pytest.approx(40.0 / 20.0)
+
+
+def t4_row(trials, decomp, method):
+    return table4(trials, decomp).data.filter(pl.col("method") == method).row(0, named=True)
+
+
+def test_cells_say_why_they_are_empty_and_tables_show_epochs():
+    """'not run' (no trial), 'no finished trial' (all stopped / failed / killed), '–' (finished
+    without the metric); stopped trials never feed a cell; the caption gives the epochs run."""
+    trials = trials_frame(
+        [
+            rec("a", val=(0.5, 0.6, 0.7), test=0.7),
+            rec("b", method="alg1", val=(0.9, 0.95), test=0.99, status="STOPPED"),  # its test_acc is never used
+            rec("c", method="nso", val=(0.4,), status="FAILED"),
+        ]
+    )
+    t = table1(trials)
+    col = dict(zip(t.display["Method"].to_list(), t.display["Dijkstra"].to_list()))
+    assert col["SFT-CoT"] == "70.0 (n=1)"
+    assert col["Algorithm 1"] == NO_FINISHED and col["NSO"] == NO_FINISHED and col["Coconut"] == NOT_RUN
+    assert "epochs run: 3" in t.caption
+
+
+def test_report_counts_statuses_and_lists_stopped_trials():
+    from analysis.report import status_line, stopped_section
+
+    trials = trials_frame(
+        [
+            rec("a", val=(0.5, 0.6, 0.7), test=0.7),
+            rec("b", method="alg1", val=(0.4, 0.45), status="STOPPED", lr=2e-3),
+            rec("c", method="alg1", val=(0.3,), status="STOPPED", lr=3e-3),
+            rec("d", method="nso", val=(0.4,), status="FAILED"),
+        ]
+    )
+    assert status_line(trials) == "4 trials: 1 finished, 2 stopped early by the scheduler, 1 failed"
+    text = "\n".join(stopped_section(trials))
+    assert "`c`: stopped after epoch 1, best val_acc 0.300" in text
+    assert "`b`: stopped after epoch 2, best val_acc 0.450" in text
+    assert text.index("`c`") < text.index("`b`")  # by epochs run
+    assert stopped_section(trials.filter(pl.col("status") != "STOPPED")) == []
 
 
 def test_seed_expansion():
@@ -336,7 +398,7 @@ def test_report_from_ray_dir_through_cli_register(tmp_path):
         ["report", "--experiment", "dijkstra", "--ray-dir", str(tmp_path / "ray"), "--out", str(tmp_path / "out")]
     )
     assert args.func(args) == 0
-    assert "| Algorithm 1 | 40.0 |" in (tmp_path / "out" / "table1_accuracy.md").read_text()
+    assert "| Algorithm 1 | 40.0 (n=1) |" in (tmp_path / "out" / "table1_accuracy.md").read_text()
     assert (tmp_path / "out" / "fig2_gap_bound_vs_T.png").stat().st_size > 0  # a "no data" figure
 
 
