@@ -42,8 +42,6 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
     task, one colour per method; mean over the selected configuration's finished seeds. Points
     where a value is 0 (T = 1: no step before it) or missing cannot sit on a log axis and are left
     out; the panel's note counts them."""
-    from matplotlib.ticker import MaxNLocator
-
     title = "Loss gap and bound of eq. (4) against T"
     selected = select_best(trials)
     if decomp.is_empty() or selected.is_empty():
@@ -58,7 +56,7 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
     colors = _colors(meths)
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        left_out = 0
+        left_out, Ts = 0, set()
         for m in meths:
             c = curves.filter((pl.col("task") == task) & (pl.col("method") == m)).sort("T")
             for y, style, alpha in (("loss_gap", "-o", 1.0), ("bound", "--s", 0.7)):
@@ -66,8 +64,11 @@ def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Pat
                 left_out += c.height - ok.height
                 if not ok.is_empty():
                     ax.plot(ok["T"], ok[y], style, color=colors[m], alpha=alpha)
+                    Ts.update(ok["T"].to_list())
         ax.set_yscale("log")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if Ts:  # one tick per T drawn (an integer), half a step of margin either side
+            ax.set_xticks(sorted(Ts))
+            ax.set_xlim(min(Ts) - 0.5, max(Ts) + 0.5)
         ax.set_title(task_label(task) + (f" ({left_out} zero/missing points left out)" if left_out else ""), fontsize=9)
         ax.set_xlabel("T (reasoning steps)")
         ax.set_ylabel("loss gap (solid), bound (dashed); log")
@@ -109,7 +110,7 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
         (y, lab)
         for y, lab in (
             ("final_eaf", "test EAF Σρ (final model, T_max)"),
-            ("loss_gap", "test loss gap, nats/token (< 0: own chain better)"),
+            ("loss_gap", "test loss gap, nats/token\n(< 0: own chain better)"),
         )
         if df[y].drop_nulls().len() > 0
     ]
