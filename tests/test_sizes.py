@@ -270,7 +270,7 @@ def test_report_tables_at_explicit_sizes_with_floors():
     (table,) = table1_sized(df)
     assert table.name == "table1_n5"
     shown = dict(zip(table.display["Method"], table.display["Dijkstra"]))
-    assert shown["SFT-CoT"] == f"{100 * np.mean(xs):.1f} ± {100 * np.std(xs, ddof=1):.1f}"
+    assert shown["SFT-CoT"] == f"{100 * np.mean(xs):.1f} ± {100 * np.std(xs, ddof=1):.1f} (n=3)"
     assert shown[FLOOR_LABEL] == "60"
     assert "table1_n5" in [t.name for t in all_tables(df, pl.DataFrame())]
 
