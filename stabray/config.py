@@ -185,11 +185,33 @@ class MethodEntry(Strict):
     space: dict[str, Dist] | None = None
 
 
+class EafStopCfg(Strict):
+    """EAF-aware early stopping (stabray.tune.eaf_stop.EafStopper): after epoch e >= `grace`, a trial
+    stops when its EAF exceeds `factor` x the median EAF that all trials reported at epoch e so far
+    (itself included), unless its val_acc at epoch e is in the top `top_fraction` of the val_acc values
+    reported at e so far. The median needs `min_trials` reports at e. It works with either scheduler
+    (ASHA or FIFO) and with one or several objectives; a stopped trial ends as STOPPED, like ASHA's."""
+
+    factor: float = Field(3.0, gt=1, allow_inf_nan=False)  # how many medians count as exploding
+    top_fraction: float = Field(0.25, gt=0, le=1)  # val_acc in the top ceil(top_fraction * n) at e: never stopped
+    grace: int = Field(2, ge=1)  # epochs every trial runs before the rule applies
+    min_trials: int = Field(3, ge=2)  # reports at an epoch before its median is trusted
+
+
 class SearchCfg(Strict):
     num_samples: int = Field(8, ge=1)  # trials
     max_concurrent: int = Field(2, ge=1)  # trials running at once
     metric: str = "val_acc"
     mode: Literal["max", "min"] = "max"
+    # Several objectives (a Pareto search): metrics [val_acc, eaf] with modes [max, min] replace
+    # metric/mode. The searcher is told every objective; ASHA is single-objective, so a
+    # multi-objective sweep needs scheduler: fifo (eaf_stop still applies).
+    metrics: list[str] | None = None
+    modes: list[Literal["max", "min"]] | None = None
+    # Optuna's sampler: tpe, or nsga2 (NSGA-II, population max(2, min(50, num_samples // 4)) per
+    # generation); None = tpe for one objective, nsga2 for several.
+    sampler: Literal["tpe", "nsga2"] | None = None
+    eaf_stop: EafStopCfg | None = None  # EAF-aware early stopping (off when absent)
     searcher: Literal["optuna", "random", "grid"] = "optuna"  # grid: every combination of the choices
     scheduler: Literal["asha", "fifo"] = "asha"
     grace_period: int = Field(1, ge=1)  # ASHA: epochs before a trial can be stopped
@@ -205,6 +227,33 @@ class SearchCfg(Strict):
             for d in self.space.values():
                 n *= len(d.choice or [None])
         return n
+
+    @model_validator(mode="after")
+    def _objectives(self) -> SearchCfg:
+        if self.modes is not None and self.metrics is None:
+            raise ValueError("modes given without metrics (give both lists, or metric and mode for one objective)")
+        if self.metrics is not None:
+            if self.modes is None:
+                raise ValueError("metrics given without modes (one max or min per metric)")
+            if len(self.metrics) != len(self.modes):
+                raise ValueError(f"{len(self.metrics)} metrics but {len(self.modes)} modes (one mode per metric)")
+            if len(self.metrics) < 2:
+                raise ValueError("metrics: give at least two (one objective: metric and mode)")
+            dup = [m for m in self.metrics if self.metrics.count(m) > 1]
+            if dup:
+                raise ValueError(f"metrics: {dup[0]!r} is listed twice")
+        return self
+
+    @property
+    def multi(self) -> bool:
+        """Whether the sweep searches several objectives."""
+        return self.metrics is not None
+
+    def objectives(self) -> list[tuple[str, str]]:
+        """[(metric, mode), ...]: the searched objectives, the primary one first."""
+        if self.metrics is not None and self.modes is not None:
+            return list(zip(self.metrics, self.modes))
+        return [(self.metric, self.mode)]
 
 
 class ResourcesCfg(Strict):

@@ -245,7 +245,23 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
         if ranged:
             raise SpecError(where, f"search.space.{ranged[0]}", "a grid search takes only `choice` distributions")
     per_epoch = searchable_metrics()
-    if spec.search.metric not in per_epoch:
+    s = spec.search
+    if s.multi:
+        for i, m in enumerate(s.metrics or []):
+            if m not in per_epoch:
+                raise SpecError(
+                    where, f"search.metrics.{i}", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {m!r}"
+                )
+        if s.scheduler == "asha":
+            raise SpecError(
+                where,
+                "search.scheduler",
+                "asha stops trials on one metric, so a multi-objective sweep (search.metrics) cannot use it; "
+                "set search.scheduler: fifo (search.eaf_stop can still stop trials whose EAF explodes)",
+            )
+    elif s.metric not in per_epoch:
         raise SpecError(
-            where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {spec.search.metric!r}"
+            where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {s.metric!r}"
         )
+    if s.eaf_stop is not None and spec.eval.eaf_examples == 0:
+        raise SpecError(where, "search.eaf_stop", "needs the per-epoch EAF, but eval.eaf_examples is 0")

@@ -26,6 +26,7 @@ PARENT = "mlflow.parentRunId"
 CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
 STATUS = "stabray.status"  # tag: the trial's status when MLflow's own has no word for it (STOPPED)
 STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the scheduler stopped the trial
+STOPPED_BY = "stabray.stopped_by"  # tag: what stopped it early: asha, or eaf_stop (the EAF rule)
 NOTE = "mlflow.note.content"  # tag: a run's description (Markdown), shown on its overview page
 # tag: a trial's run whose trial Ray Tune lost (the driver died before Ray saved the trial; the resumed
 # sweep ran another in its place): KILLED, kept for the record, not one of the sweep's trials

@@ -16,14 +16,18 @@ from ray.tune import Callback
 from stabray.config import get_path
 from stabray.record import STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
 from stabray.tracking import Store, ended_status
-from stabray.tracking.store import CHECKPOINT, STOPPED_AT
+from stabray.tracking.store import CHECKPOINT, STOPPED_AT, STOPPED_BY
+from stabray.tune.eaf_stop import STOPPER_WORDS
 
 CURVES = ("train_loss", "val_acc", "eaf")  # per-epoch metrics in each trial's plots/curves.png
 
 
 class MLflowTuneCallback(Callback):
-    def __init__(self, tracking_uri: str, experiment: str, parent_run_id: str, searched: list[str] = ()):
+    def __init__(self, tracking_uri: str, experiment: str, parent_run_id: str, searched: list[str] = (), stopper=None):
         self.tracking_uri, self.experiment, self.parent_run_id = tracking_uri, experiment, parent_run_id
+        # the sweep's EafStopper (or None): the same object Ray Tune asks, so its `stopped` says which
+        # early-stopped trials it ended (the others were stopped by ASHA)
+        self.stopper = stopper
         self.searched = list(searched)  # searched config paths: each logged as a param under its last name
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
         self.names: dict[str, str] = {}  # trial_id -> readable run name (unique within the sweep)
@@ -89,6 +93,10 @@ class MLflowTuneCallback(Callback):
             )
         return self.runs[trial.trial_id]
 
+    def stopped_by(self, trial_id: str) -> str:
+        """Who stopped an early-stopped trial: "eaf_stop" (the EAF rule) or "asha"."""
+        return "eaf_stop" if self.stopper is not None and trial_id in self.stopper.stopped else "asha"
+
     def name_of(self, trial) -> str:
         """The trial's readable name (alg1-lam0.2-b4-lr0.0031-s0), made unique with -2, -3, ..."""
         if trial.trial_id not in self.names:
@@ -133,6 +141,8 @@ class MLflowTuneCallback(Callback):
         rid = self._run_id(trial)
         if trial.trial_id not in self.ended:
             status, tags = ended_status(trial.last_result or {}, error=False)
+            if STOPPED_AT in tags:
+                tags[STOPPED_BY] = self.stopped_by(trial.trial_id)
             for k, v in tags.items():
                 self.store.set_tag(rid, k, v)
             self._close(trial, rid, tags.get(STOPPED_AT))
@@ -149,9 +159,10 @@ class MLflowTuneCallback(Callback):
         if error:
             outcome = f"**Failed** after epoch {last.get('epoch', 0)}: `{error}` (full traceback: error.txt)."
         elif stopped_at is not None:
+            who = STOPPER_WORDS[self.stopped_by(trial.trial_id)]
             outcome = (
-                f"**Stopped by ASHA** after epoch {stopped_at} of {epochs} (tags stabray.status = STOPPED, "
-                "stabray.stopped_at_epoch); it has no test metrics."
+                f"**Stopped by {who}** after epoch {stopped_at} of {epochs} (tags stabray.status = STOPPED, "
+                "stabray.stopped_at_epoch, stabray.stopped_by); it has no test metrics."
             )
         else:
             outcome = f"**Finished** all {epochs} epochs."

@@ -21,6 +21,7 @@ from ray.tune import Callback
 
 from stabray.config import get_path
 from stabray.record import run_name, trial_status, unwrap
+from stabray.tune.eaf_stop import STOPPER_WORDS
 
 WIDTH = 120  # the widest line the view prints
 MAX_ROWS = 14  # table rows on a terminal: every running trial, then the best ended ones
@@ -67,7 +68,9 @@ class SweepConsole(Callback):
         epochs: int,
         searched: list[str] | tuple[str, ...] = (),
         namer: Callable[[Any], str] | None = None,
+        stopped_by: Callable[[str], str] | None = None,
     ):
+        self.stopped_by = stopped_by  # trial_id -> who stopped it early ("asha", "eaf_stop")
         self.title, self.total, self.epochs = title, total, epochs
         self.searched, self.namer = list(searched), namer
         self.rows: dict[str, TrialRow] = {}
@@ -200,7 +203,8 @@ class SweepConsole(Callback):
         status = trial_status(failed=False, done=True, has_final="test_acc" in last)
         row.ended = True
         if status == "STOPPED":
-            row.state = f"stopped by ASHA at epoch {row.epoch}"
+            who = STOPPER_WORDS[self.stopped_by(trial.trial_id)] if self.stopped_by else "ASHA"
+            row.state = f"stopped by {who} at epoch {row.epoch}"
             extra = f"best val_acc {_fmt(row.best)}"
         else:
             row.state = "finished"

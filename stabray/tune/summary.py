@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 
+from stabray.pareto import FRONT, front_figure, front_rows, mark_front
 from stabray.record import TrialRecord, acc_metric, describe_metric, trials_frame
 
 # Columns of the closing table, after the trial id and the searched params; each is a metric
@@ -80,9 +81,11 @@ def closing_table(spec, df: pl.DataFrame, rows: int = 10) -> tuple[pl.DataFrame,
     trial's run name (its method and searched values, as in MLflow), searched paths without a place in
     the name's usual set, epochs run, the metrics and the status; then a row FLOOR_ROW with the best
     trivial rule's accuracy under every accuracy column (as the trials logged it, trivial_<metric>).
+    A multi-objective sweep also shows each objective and a `front` column (* = on the Pareto front).
     Returns (table, metric columns)."""
     metric_cols = metric_columns(spec)
-    cols = ["name", *searched_columns(spec), "epochs_run", *metric_cols, "status"]
+    metric_cols = metric_cols + [m for m, _ in spec.search.objectives() if m not in metric_cols]
+    cols = ["name", "front", *searched_columns(spec), "epochs_run", *metric_cols, "status"]
     show = df.select([c for c in cols if c in df.columns]).head(rows).rename({"name": "trial"})
     floor = {}
     for c in metric_cols:
@@ -132,16 +135,27 @@ def method_table(spec, df: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"method": pl.Utf8, "n": pl.Utf8, **{c: pl.Utf8 for c in accs}})
 
 
-def sorted_trials(records: list[TrialRecord]) -> pl.DataFrame:
-    """Every trial, best first (best_val_acc, then val_acc, then the lower final EAF)."""
+def sorted_trials(records: list[TrialRecord], spec=None) -> pl.DataFrame:
+    """Every trial, best first (best_val_acc, then val_acc, then the lower final EAF). For a
+    multi-objective sweep the Pareto front's members come first, marked "*" in a `front` column."""
     df = trials_frame(records).rename({"n_epochs": "epochs_run"})
     if df.height:
         df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
+    if spec is not None and spec.search.multi and df.height:
+        df = mark_front(df, spec.search.objectives())
+        df = df.sort(FRONT, descending=True, maintain_order=True).with_columns(
+            front=pl.when(pl.col(FRONT)).then(pl.lit("*")).otherwise(pl.lit(""))
+        )
     return df
 
 
 def status_counts(df: pl.DataFrame) -> dict[str, int]:
     return {s: int((df["status"] == s).sum()) if df.height else 0 for s in ("FINISHED", "STOPPED", "FAILED")}
+
+
+def objectives_text(spec) -> str:
+    """ "val_acc (max), eaf (min)"."""
+    return ", ".join(f"{m} ({mode})" for m, mode in spec.search.objectives())
 
 
 def headline(spec, df: pl.DataFrame, wall_s: float | None = None) -> str:
@@ -166,7 +180,7 @@ TABLE_STYLE = dict(
 
 def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s: float) -> pl.DataFrame:
     """Print the closing table of a sweep from its trial records; returns the full frame."""
-    df = sorted_trials(records)
+    df = sorted_trials(records, spec)
     print(f"\n== {headline(spec, df, wall_s)} ==")
     icl = is_icl(spec.task.name)
     show, metric_cols = closing_table(spec, df)
@@ -179,6 +193,9 @@ def print_summary(spec, records: list[TrialRecord], info: dict[str, Any], wall_s
     if base:
         print(wrap(baselines_text(base)))
     print(wrap(columns_note(metric_cols, "icl" if icl else "text")))
+    if spec.search.multi:
+        n_front = int(df[FRONT].sum()) if FRONT in df.columns else 0
+        print(wrap(f"front: * = on the Pareto front of {objectives_text(spec)} ({n_front} of {df.height} trials)."))
     uri = info["tracking_uri"]
     print(f"browse: python -m stabray ui --tracking-uri {uri}")
     print(f"report: python -m stabray report --experiment {info['experiment']} --tracking-uri {uri}")
@@ -284,7 +301,14 @@ def sweep_params(spec) -> dict[str, Any]:
         "scheduler": s.scheduler
         if s.scheduler != "asha"
         else f"asha (grace {s.grace_period}, rf {s.reduction_factor})",
+        # one "metric:mode" per objective: `python -m stabray report` reads the front's objectives here
+        "objectives": ",".join(f"{m}:{mode}" for m, mode in s.objectives()),
     }
+    if s.searcher == "optuna":
+        p["sampler"] = s.sampler or ("nsga2" if s.multi else "tpe")
+    if s.eaf_stop is not None:
+        e = s.eaf_stop
+        p["eaf_stop"] = f"factor {e.factor:g}, top {e.top_fraction:g}, grace {e.grace}, min_trials {e.min_trials}"
     if spec.methods:
         p["methods"] = ", ".join(m.method.name for m in _method_specs(spec))
     else:
@@ -306,24 +330,37 @@ def sweep_description(spec) -> str:
         f"(reduction factor {s.reduction_factor})"
         if s.scheduler == "asha"
         else "every trial runs all epochs"
+        if s.eaf_stop is None
+        else "no scheduler stops trials"
     )
+    if s.eaf_stop is not None:
+        from stabray.tune.eaf_stop import EafStopper
+
+        stop += "; " + EafStopper.from_cfg(s.eaf_stop).describe()
+    goal = f"the Pareto front of {objectives_text(spec)}" if s.multi else f"the best `{s.metric}` ({s.mode})"
     metric_cols = metric_columns(spec)
     lines = [
         f"**Sweep `{spec.name}`**: {methods} on `{spec.task.name}` "
         f"({', '.join(f'{k}={v}' for k, v in spec.task.params.items()) or 'default size'}), "
         f"{s.n_trials} trials of up to {spec.train.epochs} epochs; {s.searcher} searches "
-        f"{', '.join(searched_names(spec)) or 'nothing'} for the best `{s.metric}` ({s.mode}); {stop}.",
+        f"{', '.join(searched_names(spec)) or 'nothing'} for {goal}; {stop}.",
         "",
         "Each child run is one trial, named after its method and searched values (`alg1-lam0.2-b4-lr0.0031-s0`: "
-        "λ 0.2, 4 bits, lr 0.0031, seed 0). A trial ASHA stopped shows *Finished* in MLflow's status column "
-        "with the tag `stabray.status` = STOPPED and `stabray.stopped_at_epoch`; it has no test metrics.",
+        "λ 0.2, 4 bits, lr 0.0031, seed 0). A trial stopped early (ASHA or the EAF rule) shows *Finished* in "
+        "MLflow's status column with the tags `stabray.status` = STOPPED, `stabray.stopped_at_epoch` and "
+        "`stabray.stopped_by`; it has no test metrics.",
         "",
         "Columns that matter: " + "; ".join(f"`{c}`: {describe_metric(c, runner)}" for c in metric_cols) + ". "
         "Timings and placement are the `sys/` metrics.",
         "",
         "When the sweep ends, this run's own params and metrics are those of the best trial (highest "
         "`best_val_acc`), and it holds `summary.md` (the best trials), `plots/val_acc_per_epoch.png`, "
-        "`plots/accuracy_vs_eaf.png` and `sweep_spec.json`.",
+        "`plots/accuracy_vs_eaf.png` and `sweep_spec.json`"
+        + (
+            ", and the Pareto front: `pareto/front.md`, `pareto/front.csv`, `plots/pareto_front.png`."
+            if s.multi
+            else "."
+        ),
     ]
     return "\n".join(lines)
 
@@ -335,7 +372,11 @@ def view_columns(spec) -> list[str]:
     cols = [f"params.{n}" for n in searched_names(spec)]
     if spec.methods:
         cols.insert(0, "params.method")
-    return cols + [f"metrics.{m}" for m in metric_cols] + ["tags.stabray.status", "tags.stabray.stopped_at_epoch"]
+    return (
+        cols
+        + [f"metrics.{m}" for m in metric_cols]
+        + ["tags.stabray.status", "tags.stabray.stopped_at_epoch", "tags.stabray.stopped_by"]
+    )
 
 
 def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str:
@@ -354,6 +395,8 @@ def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str
     lines += [
         "Columns: " + "; ".join(f"`{c}`: {describe_metric(c, runner)}" for c in metric_cols if describe_metric(c))
     ]
+    if spec.search.multi:
+        lines += ["", f"`front`: * = on the Pareto front of {objectives_text(spec)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -362,7 +405,7 @@ def trial_line(row: dict[str, Any], metric_cols: list[str]) -> str:
     numbers = ", ".join(f"{m} {row[m]:.3f}" for m in metric_cols if isinstance(row.get(m), float))
     ended = {
         "FINISHED": f"finished {row.get('epochs_run')} epochs",
-        "STOPPED": f"stopped by ASHA after epoch {row.get('epochs_run')}",
+        "STOPPED": f"stopped early after epoch {row.get('epochs_run')}",
     }.get(row.get("status"), str(row.get("status")).lower())
     return f"`{row['name']}`: {numbers} ({ended})"
 
@@ -376,6 +419,8 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
     if not df.height:
         return None
     best = df.row(0, named=True)
+    if spec.search.multi:
+        log_pareto(store, parent_run_id, spec, df)
     metric_cols = metric_columns(spec)
     params = {n: best.get(n) for n in searched_names(spec) if best.get(n) is not None}
     if spec.methods:
@@ -424,3 +469,27 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
         + sweep_description(spec),
     )
     return best
+
+
+def pareto_markdown(spec, df: pl.DataFrame) -> str:
+    """The front's members as a Markdown table (the parent run's pareto/front.md)."""
+    rows = front_rows(df, spec.search.objectives(), searched_names(spec))
+    with pl.Config(**{**TABLE_STYLE, "tbl_rows": 200, "float_precision": 4}):
+        table = str(rows)
+    return (
+        f"# Pareto front of {objectives_text(spec)}: {rows.height} of {df.height} trials\n\n{table}\n\n"
+        "Objective values are each trial's last reported ones (what the searcher was told); a trial stopped "
+        "early is compared with the values it had then.\n"
+    )
+
+
+def log_pareto(store, parent_run_id: str, spec, df: pl.DataFrame) -> None:
+    """The Pareto front into the parent run: pareto/front.md, pareto/front.csv, plots/pareto_front.png."""
+    objectives = spec.search.objectives()
+    store.log_text(parent_run_id, pareto_markdown(spec, df), "pareto/front.md")
+    store.log_text(parent_run_id, front_rows(df, objectives, searched_names(spec)).write_csv(), "pareto/front.csv")
+    fig = front_figure(df, objectives, title=f"{spec.name}: Pareto front of {objectives_text(spec)}")
+    store.log_figure(parent_run_id, fig, "plots/pareto_front.png")
+    from stabray.tune import plots
+
+    plots.close(fig)

@@ -1,5 +1,6 @@
-"""`python -m stabray sweep`: Optuna inside Ray Tune over a spec's search space, ASHA early
-stopping, a concurrency limit, every trial tracked in MLflow (parent run per sweep, child per trial)."""
+"""`python -m stabray sweep`: Optuna inside Ray Tune over a spec's search space (one objective, or
+several with a multi-objective sampler), ASHA or EAF-aware early stopping, a concurrency limit,
+every trial tracked in MLflow (parent run per sweep, child per trial)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from stabray.tracking import Store, resolve_tracking_uri
 from stabray.tracking.store import check_store
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
+from stabray.tune.eaf_stop import EafStopper
 from stabray.tune.interrupt import GracefulStop
 from stabray.tune.storage import INFO_FILE, Storage, open_storage
 from stabray.tune.trainable import trainable
@@ -221,6 +223,7 @@ def make_tuner(
 
     s = spec.search
     train_fn = tune.with_resources(trainable, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    stopper = callback.stopper if callback is not None else None
     if resume:
         return tune.Tuner.restore(storage.run_uri(run), trainable=train_fn, resume_unfinished=True, resume_errored=True)
     if s.searcher == "grid":
@@ -235,11 +238,12 @@ def make_tuner(
 
         # The live study is a sqlite file (beside the Ray results when they are local); Ray Tune's
         # searcher checkpoint carries its trials into the storage, so a resumed sweep continues it.
+        metrics, modes = zip(*s.objectives())
         searcher = DurableOptunaSearch(
             db=storage.local_dir(run) / "optuna.db",
-            metric=s.metric,
-            mode=s.mode,
-            sampler=optuna.samplers.TPESampler(seed=spec.seed),
+            metric=list(metrics) if s.multi else s.metric,  # lists: one Optuna direction per objective
+            mode=list(modes) if s.multi else s.mode,
+            sampler=optuna_sampler(spec),
             study_name=run.rsplit("/", 1)[-1],
         )
         searcher = DurableLimiter(searcher, max_concurrent=s.max_concurrent)
@@ -259,8 +263,9 @@ def make_tuner(
         train_fn,
         param_space=ray_space(spec),
         tune_config=tune.TuneConfig(
-            metric=s.metric,
-            mode=s.mode,
+            # several objectives: the searcher holds the lists (Tune would overwrite them with one metric)
+            metric=None if s.multi else s.metric,
+            mode=None if s.multi else s.mode,
             search_alg=searcher,
             scheduler=scheduler,
             num_samples=s.num_samples,
@@ -273,6 +278,7 @@ def make_tuner(
             name=run.rsplit("/", 1)[-1],
             storage_path=storage.run_uri(run).rsplit("/", 1)[0],
             callbacks=[c for c in (callback, console) if c is not None] + ray_loggers(),
+            stop=stopper,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_to_keep(storage)),
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
             verbose=1 if verbose else 0,  # 0: our console view instead of Ray's status tables
@@ -280,6 +286,23 @@ def make_tuner(
             sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
     )
+
+
+def optuna_sampler(spec: SweepSpec):
+    """The spec's Optuna sampler, seeded with the sweep's seed: TPE for one objective and NSGA-II for
+    several unless search.sampler says otherwise. NSGA-II's generation is max(2, min(50, num_samples // 4))
+    trials, so a 16-trial sweep sees four generations instead of one random one (Optuna's default is 50)."""
+    import optuna
+
+    s = spec.search
+    kind = s.sampler or ("nsga2" if s.multi else "tpe")
+    if kind == "nsga2":
+        return optuna.samplers.NSGAIISampler(population_size=nsga2_population(s.num_samples), seed=spec.seed)
+    return optuna.samplers.TPESampler(seed=spec.seed)
+
+
+def nsga2_population(num_samples: int) -> int:
+    return max(2, min(50, num_samples // 4))
 
 
 class CombinedGrid:
@@ -368,7 +391,7 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
             "groups": {},
         }
         results.write_json(info_file, saved)
-        store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.metric}")
+        store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.objectives()[0][0]}")
     parent = saved["parent_run_id"]
     info = {
         "tracking_uri": uri,
@@ -415,10 +438,20 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
             tuner = make_tuner(sub, results, sub_run, None, resume=True)
         else:
             searched = [space_path(k) for k in sub.search.space]
-            cb = MLflowTuneCallback(uri, experiment, group, searched)
+            stopper = EafStopper.from_cfg(sub.search.eaf_stop) if sub.search.eaf_stop is not None else None
+            cb = MLflowTuneCallback(uri, experiment, group, searched, stopper=stopper)
             title = f"{sub.name}" + (f" [{label}]" if label else "")
             console = (
-                None if verbose else SweepConsole(title, sub.search.n_trials, sub.train.epochs, searched, cb.name_of)
+                None
+                if verbose
+                else SweepConsole(
+                    title,
+                    sub.search.n_trials,
+                    sub.train.epochs,
+                    searched,
+                    cb.name_of,
+                    stopped_by=cb.stopped_by,
+                )
             )
             tuner = make_tuner(sub, results, sub_run, cb, resume=False, console=console, verbose=verbose)
         with stop.in_fit():
