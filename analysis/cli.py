@@ -18,9 +18,17 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _report(args) -> int:
     from analysis.report import build_report
+    from analysis.select import Rule
 
     build_report(
-        args.experiment, args.tracking_uri, args.ray_dir, args.out, log_to_mlflow=not args.no_log, force=args.force
+        args.experiment,
+        args.tracking_uri,
+        args.ray_dir,
+        args.out,
+        log_to_mlflow=not args.no_log,
+        force=args.force,
+        rule=Rule(args.select, args.delta),
+        objectives=args.objectives,
     )
     return 0
 
@@ -40,6 +48,27 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output folder (default ./reports/<experiment>)")
     p.add_argument("--force", action="store_true", help="overwrite the files of an existing --out folder")
     p.add_argument("--no-log", action="store_true", help="do not log the folder to the sweep's parent run")
+    p.add_argument(
+        "--select",
+        default="best_acc",
+        choices=["best_acc", "eaf_within", "knee"],
+        help="how each task and method's configuration is chosen: best_acc = best validation accuracy (default); "
+        "eaf_within = lowest EAF within --delta of the best validation accuracy; knee = the knee of the "
+        "accuracy-vs-EAF Pareto front",
+    )
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=0.01,
+        help="eaf_within: accuracy tolerance, absolute (0.01 = one point; default 0.01)",
+    )
+    p.add_argument(
+        "--objectives",
+        default=None,
+        metavar="M:MODE,...",
+        help="the Pareto front's objectives, e.g. val_acc:max,eaf:min (default: the sweep's own when it searched "
+        "several, else val_acc:max,eaf:min)",
+    )
     p.set_defaults(func=_report)
 
 

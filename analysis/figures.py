@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
-from analysis.select import seeds_of, select_best  # noqa: E402
+from analysis.select import BEST, Rule, seeds_of, select_best  # noqa: E402
 from analysis.tables import HPARAMS, PAPER_METHODS, TASK_ORDER, method_label, ordered, task_label  # noqa: E402
 
 DPI = 120
@@ -37,13 +37,13 @@ def _colors(keys: list[str]) -> dict[str, str]:
     return {k: cycle[i % len(cycle)] for i, k in enumerate(keys)}
 
 
-def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path) -> Path:
+def gap_and_bound(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path, rule: Rule = BEST) -> Path:
     """Figure 2 style: loss gap (solid) and bound (dashed) against T on one log axis, one panel per
     task, one colour per method; mean over the selected configuration's finished seeds. Points
     where a value is 0 (T = 1: no step before it) or missing cannot sit on a log axis and are left
     out; the panel's note counts them."""
     title = "Loss gap and bound of eq. (4) against T"
-    selected = select_best(trials)
+    selected = select_best(trials, rule=rule)
     if decomp.is_empty() or selected.is_empty():
         return _no_data(path, title, "no stability decomposition logged")
     seeds = seeds_of(trials, selected).select(["task", "method", "trial_id"])
@@ -164,10 +164,10 @@ def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def all_figures(trials: pl.DataFrame, decomp: pl.DataFrame, out_dir: str | Path) -> list[Path]:
+def all_figures(trials: pl.DataFrame, decomp: pl.DataFrame, out_dir: str | Path, rule: Rule = BEST) -> list[Path]:
     out = Path(out_dir)
     return [
-        gap_and_bound(trials, decomp, out / "fig2_gap_bound_vs_T.png"),
+        gap_and_bound(trials, decomp, out / "fig2_gap_bound_vs_T.png", rule),
         eaf_against(trials, "lam", out / "fig4_eaf_vs_lambda.png", "compression factor λ"),
         eaf_against(trials, "bits", out / "fig4_eaf_vs_bits.png", "QAT bit-width"),
         accuracy_vs_eaf(trials, out / "acc_vs_eaf.png"),

@@ -21,14 +21,17 @@ class Loaded:
     decomposition: pl.DataFrame
     parent_run_id: str | None = None  # the sweep's parent run (MLflow only)
     configs: dict[str, dict] = field(default_factory=dict)  # trial_id -> config (Ray dir only)
+    objectives: str | None = None  # the sweep's "metric:mode,..." (MLflow parent run param), when it recorded one
 
 
 def load_mlflow(experiment: str, tracking_uri: str | None = None, *, stability: bool = True) -> Loaded:
     """Read every trial (child run) of the experiment; `stability=False` skips the artifacts."""
     from stabray.tracking import Store
 
-    records, parent_id = Store.existing(tracking_uri, experiment).trial_records(stability=stability)
-    return Loaded(trials_frame(records), decomposition_frame(records), parent_id)
+    store = Store.existing(tracking_uri, experiment)
+    records, parent_id = store.trial_records(stability=stability)
+    objectives = store.params(parent_id).get("objectives") if parent_id else None
+    return Loaded(trials_frame(records), decomposition_frame(records), parent_id, objectives=objectives)
 
 
 def load_trial_config(run_id: str, experiment: str, tracking_uri: str | None = None) -> dict | None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from analysis.figures import all_figures
 from analysis.load import load
+from analysis.pareto import objectives_of, pareto_figure, pareto_table
+from analysis.select import BEST, Rule
 from analysis.tables import all_tables, table1
 
 
@@ -16,10 +18,15 @@ def build_report(
     out: str | Path | None = None,
     log_to_mlflow: bool = True,
     force: bool = False,
+    rule: Rule = BEST,
+    objectives: str | None = None,
 ) -> Path:
     """Write tables (md, tex, csv), figures (png) and an index README.md into `out`
     (default ./reports/<experiment>); from MLflow, also log the folder to the parent run. A folder
-    that already holds files is replaced only with `force`; nothing is created when loading fails."""
+    that already holds files is replaced only with `force`; nothing is created when loading fails.
+    `rule` selects each (task, method)'s configuration for the paper's tables; the Pareto front is
+    over `objectives` ("val_acc:max,eaf:min"; default: the sweep's own when it searched several,
+    else val_acc against eaf)."""
     from stabray.errors import UserError
 
     out = Path(out or Path("reports") / experiment)
@@ -29,12 +36,16 @@ def build_report(
         raise UserError(f"--out {out}: the folder holds files already; pass --force to overwrite them")
     from stabray.progress import stage
 
+    front_of = objectives_of(objectives) if objectives else None  # a bad flag fails before anything is read
     loaded = load(experiment, tracking_uri, ray_dir)  # reading MLflow reports its own progress
+    front_of = front_of or objectives_of(loaded.objectives)
     out.mkdir(parents=True, exist_ok=True)
     trials, decomp = loaded.trials, loaded.decomposition
     with stage(f"tables and figures of {trials.height} trials into {out}"):
-        tables = all_tables(trials, decomp)
-        figures = all_figures(trials, decomp, out)
+        tables = all_tables(trials, decomp, rule)
+        tables.append(pareto_table(trials, front_of))
+        figures = all_figures(trials, decomp, out, rule)
+        figures.append(pareto_figure(trials, out / "pareto_front.png", front_of))
         figures += icl_figures(experiment, trials, tracking_uri, ray_dir, out)
     for t in tables:
         t.write(out)
@@ -46,7 +57,12 @@ def build_report(
         f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition. Only "
         "finished trials (every epoch run) feed the tables' final-metric cells.",
         "",
-        table1(trials).to_markdown(),
+        f"Selection rule (`--select {rule.name}`): per task and method, the tables use the configuration with "
+        f"{rule.describe()}.",
+        "",
+        table1(trials, rule=rule).to_markdown(),
+        "",
+        tables[-1].to_markdown(),
         "",
         *stopped_section(trials),
         "## Files",

@@ -1,19 +1,58 @@
 """Configuration selection and aggregation over seeds.
 
-A trial's validation score is `best_val_acc` (max over epochs), else its last `val_acc`. Per group
-(default (task, method)) the best FINISHED trial wins (a trial ASHA stopped, that failed or was
-killed never does: its final metrics are missing or from a shorter run); equal scores go to the lower
-validation EAF of the last epoch (`eaf`: selection reads validation numbers only), then to the lower
-trial id so the choice is deterministic.
+A trial's validation score is `best_val_acc` (max over epochs), else its last `val_acc`; its EAF is
+the validation EAF of its last epoch (`eaf`: selection reads validation numbers only). Per group
+(default (task, method)) one FINISHED trial is selected (a trial ASHA or the EAF rule stopped, that
+failed or was killed never is: its final metrics are missing or from a shorter run) by a rule
+(`Rule`, `python -m stabray report --select`):
+
+- `best_acc` (default): the highest score; equal scores go to the lower EAF, then to the lower trial
+  id so the choice is deterministic.
+- `eaf_within`: among trials whose score is within `delta` (absolute, e.g. 0.01 = one point of
+  accuracy) of the group's best score, the lowest EAF; ties go to the higher score, then the lower
+  trial id. A trial without an EAF is chosen only when no trial within delta has one.
+- `knee`: the knee of the group's Pareto front of (score, max) and (EAF, min)
+  (`stabray.pareto.knee_index`: the front member farthest from the line joining the front's two
+  extremes, each objective min-max normalised over the front). Without a front (no trial has an
+  EAF), the best score.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import polars as pl
 
 GROUP = ("task", "method")
+RULES = ("best_acc", "eaf_within", "knee")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one configuration is selected per group (see the module docstring)."""
+
+    name: str = "best_acc"
+    delta: float = 0.01  # eaf_within: score tolerance, absolute (accuracy as a fraction)
+
+    def __post_init__(self):
+        from stabray.errors import UserError
+
+        if self.name not in RULES:
+            raise UserError(f"--select {self.name}: unknown rule; use one of {', '.join(RULES)}")
+        if not self.delta >= 0:
+            raise UserError(f"--delta {self.delta}: must be >= 0")
+
+    def describe(self) -> str:
+        return {
+            "best_acc": "the best validation accuracy (ties: the lower EAF)",
+            "eaf_within": f"the lowest EAF among trials within {self.delta:g} of the best validation accuracy",
+            "knee": "the knee of the Pareto front of validation accuracy (max) and EAF (min): the front member "
+            "farthest from the line joining the front's extremes, objectives min-max normalised over the front",
+        }[self.name]
+
+
+BEST = Rule()
 
 
 def _finished(trials: pl.DataFrame) -> pl.DataFrame:
@@ -21,8 +60,9 @@ def _finished(trials: pl.DataFrame) -> pl.DataFrame:
     return trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED"))
 
 
-def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP) -> pl.DataFrame:
-    """One row per group: the selected trial, with its `score` column."""
+def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP, rule: Rule | None = None) -> pl.DataFrame:
+    """One row per group: the trial `rule` selects (default: best_acc), with its `score` column."""
+    rule = rule or BEST
     by = list(by)
     df = _finished(trials).with_columns(score=pl.coalesce("best_val_acc", "val_acc"))
     df = df.filter(pl.col("score").is_not_null() & pl.all_horizontal(pl.col(c).is_not_null() for c in by))
@@ -31,7 +71,27 @@ def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP) -> pl.DataFrame
         descending=[False] * len(by) + [True, False, False],
         nulls_last=True,
     )
+    if rule.name == "eaf_within":
+        near = df.filter(pl.col("score") >= pl.col("score").max().over(by) - rule.delta - 1e-12)
+        df = near.sort(
+            [*by, "eaf", "score", "trial_id"],
+            descending=[False] * len(by) + [False, True, False],
+            nulls_last=True,
+        )
+    elif rule.name == "knee":
+        return _knees(df, by)
     return df.unique(subset=by, keep="first", maintain_order=True)
+
+
+def _knees(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Per group (df sorted best score first): the knee of its (score max, eaf min) front."""
+    from stabray.pareto import knee_index
+
+    parts = []
+    for _, g in df.group_by(by, maintain_order=True):
+        k = knee_index(g, [("score", "max"), ("eaf", "min")])
+        parts.append(g[k if k is not None else 0])
+    return pl.concat(parts) if parts else df.head(0)
 
 
 def seeds_of(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP) -> pl.DataFrame:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.select import GROUP, mean_std, seeds_of, select_best
+from analysis.select import BEST, GROUP, Rule, mean_std, seeds_of, select_best
 
 MISSING = "–"  # en dash; LaTeX gets "--"
 NOT_RUN = "not run"  # no trial of this (task, method) in the source
@@ -222,6 +222,7 @@ def table1(
     name: str = "table1_accuracy",
     caption: str | None = None,
     methods: Sequence[str] = PAPER_METHODS,
+    rule: Rule = BEST,
 ) -> Table:
     """Test accuracy (%) mean ± std (n = seeds) over the seeds of each (task, method)'s selected
     configuration; only FINISHED trials feed a cell. Rows: the paper's methods plus any other method
@@ -233,7 +234,7 @@ def table1(
     meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     if metric not in trials.columns:
         return _empty(name, caption, f"No trial logged {metric}.", ["Method"])
-    selected = select_best(trials)
+    selected = select_best(trials, rule=rule)
     stats = mean_std(trials, selected, metric)
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
@@ -293,7 +294,7 @@ def _floors(trials: pl.DataFrame, floor_metric: str, tasks: Sequence[str]) -> di
     return {t: float(rows.filter(pl.col("task") == t)[floor_metric].mean()) for t in tasks if t in rows["task"]}
 
 
-def table1_sized(trials: pl.DataFrame) -> list[Table]:
+def table1_sized(trials: pl.DataFrame, rule: Rule = BEST) -> list[Table]:
     """Table 1 at every explicit evaluation size the trials logged (`test_acc_n<k>`, a task's
     long_sizes), one table per size, each with its trivial-rule floor."""
     sizes = sorted(int(c[len("test_acc_n") :]) for c in trials.columns if re.fullmatch(r"test_acc_n\d+", c))
@@ -303,12 +304,13 @@ def table1_sized(trials: pl.DataFrame) -> list[Table]:
             f"test_acc_n{k}",
             name=f"table1_n{k}",
             caption=f"Length generalization: test accuracy (%) on inputs of size {k}, mean ± sample std over seeds",
+            rule=rule,
         )
         for k in sizes
     ]
 
 
-def table1_length(trials: pl.DataFrame, longer: bool = False) -> Table:
+def table1_length(trials: pl.DataFrame, longer: bool = False, rule: Rule = BEST) -> Table:
     """The length-generalization half of Table 1 (10% longer inputs; 20% with `longer`)."""
     metric, pct = ("test_longer_acc", 20) if longer else ("test_long_acc", 10)
     return table1(
@@ -316,6 +318,7 @@ def table1_length(trials: pl.DataFrame, longer: bool = False) -> Table:
         metric,
         name=f"table1_length{'_20' if longer else ''}",
         caption=f"Length generalization: test accuracy (%) on {pct}% longer inputs, mean ± sample std over seeds",
+        rule=rule,
     )
 
 
@@ -352,7 +355,7 @@ GAP_NOTE = (
 )
 
 
-def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Table:
+def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: Rule = BEST) -> Table:
     """Per task, method and bit-width: test accuracy, loss gap, bound, Σρ and Σε at T (5, as the
     paper; T_max where the chains are shorter), on each method's evaluation chain; each a mean over
     the selected configuration's finished seeds, with n. Every stability column comes from the eq. (4)
@@ -367,10 +370,12 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
     with_bits = trials.filter(pl.col("bits").is_not_null())
     if with_bits.is_empty():
         return _empty(name, caption, "No trial logged a bits param.", cols)
-    selected = select_best(with_bits, by)
+    selected = select_best(with_bits, by, rule)
     acc = {tuple(r[c] for c in by): r for r in mean_std(with_bits, selected, "test_acc", by).iter_rows(named=True)}
     dec = _decomp_means(with_bits, decomp, selected, by, ["loss_gap", "bound", "eaf", "sum_eps"], T)
-    winners = {tuple(r[c] for c in GROUP) + (r["bits"],) for r in select_best(with_bits).iter_rows(named=True)}
+    winners = {
+        tuple(r[c] for c in GROUP) + (r["bits"],) for r in select_best(with_bits, rule=rule).iter_rows(named=True)
+    }
     scale = _pct_scale(with_bits["test_acc"])
     keys = [tuple(r[c] for c in by) for r in selected.iter_rows(named=True)]
     disp, data = [], []
@@ -417,7 +422,7 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
 
-def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Table:
+def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: Rule = BEST) -> Table:
     """Bound decomposition at T (5, as the paper; T_max if smaller) per (task, method) selected
     configuration, on each method's evaluation chain (Coconut: its latent slots)."""
     name, caption = (
@@ -426,7 +431,7 @@ def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T) -> Tabl
     )
     keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
     cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T", "n"]
-    selected = select_best(trials)
+    selected = select_best(trials, rule=rule)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", cols)
     dec = _decomp_means(trials, decomp, selected, GROUP, keys, T)
@@ -517,10 +522,10 @@ def bits_study(trials: pl.DataFrame, by: Sequence[str] = ("task", "method", "lam
 # ----------------------------------------------------------------------------------- Table 5, EAF
 
 
-def table5(trials: pl.DataFrame) -> Table:
+def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
     """The selected hyperparameters per (task, method)."""
-    name, caption = "table5_hparams", "Selected hyperparameters per task and method (best validation accuracy)"
-    selected = select_best(trials)
+    name, caption = "table5_hparams", f"Selected hyperparameters per task and method ({rule.describe()})"
+    selected = select_best(trials, rule=rule)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", ["Task", "Method"])
     from stabray.record import EPOCH_METRICS, FINAL_METRICS, META_COLUMNS
@@ -559,7 +564,7 @@ def table5(trials: pl.DataFrame) -> Table:
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)
 
 
-def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) -> Table:
+def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS, rule: Rule = BEST) -> Table:
     """EAF(SFT-CoT) / EAF(method) per task: how many times smaller the method's EAF is."""
     name = "eaf_reduction"
     caption = (
@@ -570,7 +575,7 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) 
     meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
-    stats = mean_std(trials, select_best(trials), "final_eaf")
+    stats = mean_std(trials, select_best(trials, rule=rule), "final_eaf")
     eaf = {(r["task"], r["method"]): r["mean"] for r in stats.iter_rows(named=True)}
     data, display = [], {"Method": [method_label(m) for m in meths]}
     for t in tasks:
@@ -597,14 +602,15 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS) 
     return Table(name, caption, pl.DataFrame(display), pl.DataFrame(data, schema=schema), " ".join(notes))
 
 
-def all_tables(trials: pl.DataFrame, decomp: pl.DataFrame) -> list[Table]:
+def all_tables(trials: pl.DataFrame, decomp: pl.DataFrame, rule: Rule = BEST) -> list[Table]:
+    """The paper's tables, each (task, method)'s configuration chosen by `rule`."""
     return [
-        table1(trials),
-        table1_length(trials),
-        table1_length(trials, longer=True),
-        *table1_sized(trials),
-        table3(trials, decomp),
-        table4(trials, decomp),
-        table5(trials),
-        eaf_reduction(trials),
+        table1(trials, rule=rule),
+        table1_length(trials, rule=rule),
+        table1_length(trials, longer=True, rule=rule),
+        *table1_sized(trials, rule=rule),
+        table3(trials, decomp, rule=rule),
+        table4(trials, decomp, rule=rule),
+        table5(trials, rule=rule),
+        eaf_reduction(trials, rule=rule),
     ]

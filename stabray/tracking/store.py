@@ -246,6 +246,10 @@ class Store:
     def status(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.status
 
+    def params(self, run_id: str) -> dict[str, str]:
+        """A run's logged params (strings, as MLflow stores them)."""
+        return dict(self.client.get_run(run_id).data.params)
+
     def reopen(self, run_id: str) -> None:
         """A run ended KILLED (an interrupted sweep) that `--resume` continues: RUNNING again."""
         if self.status(run_id) == "KILLED":
