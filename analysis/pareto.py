@@ -51,7 +51,10 @@ def pareto_table(trials: pl.DataFrame, objectives: Sequence[Objective] = DEFAULT
     knee_name = trials["name"][knee] if knee is not None else None
     data = rows.with_columns(knee=pl.col("name") == pl.lit(knee_name))
     n_all = trials.filter(pl.all_horizontal(pl.col(m).is_not_null() for m, _ in objectives)).height
-    caption += f": {rows.height} of {n_all} trials with every objective (knee marked *)"
+    caption += (
+        f": {rows.height} of {n_all} trials with every objective; * = this front's knee (report --select knee "
+        "chooses among finished trials on best_val_acc and eaf, per task and method)"
+    )
 
     def show(v) -> str:
         return MISSING if v is None else fmt_num(v) if isinstance(v, float) else str(v)

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,9 +39,15 @@ def run_arm(spec, path, tmp: Path, tag: str) -> dict:
 
     t0 = time.perf_counter()
     private_ray(spec.search.max_concurrent)
-    grid, _ = run_sweep(spec, path, tracking_uri=f"sqlite:///{tmp}/mlflow-{tag}.db", storage=str(tmp / f"runs-{tag}"))
+    uri = f"sqlite:///{tmp}/mlflow-{tag}.db"
+    grid, info = run_sweep(spec, path, tracking_uri=uri, storage=str(tmp / f"runs-{tag}"))
     wall = time.perf_counter() - t0
     ray.shutdown()
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(info["experiment"]).experiment_id], max_results=500)
+    stopped_by = dict(Counter(r.data.tags["stabray.stopped_by"] for r in runs if "stabray.stopped_by" in r.data.tags))
     trials = []
     for r in grid:
         df = r.metrics_dataframe
@@ -65,6 +72,7 @@ def run_arm(spec, path, tmp: Path, tag: str) -> dict:
         "wall_s": wall,
         "trials": len(trials),
         "stopped": len(trials) - len(finished),
+        "stopped_by": stopped_by,  # the MLflow tag stabray.stopped_by of each stopped trial, counted
         "trial_epochs": run,
         "saved": budget - run,
         "best_val_acc": max((t["best_val_acc"] for t in trials), default=0.0),
@@ -113,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                 r["seed"] = seed
                 out[arm].append(r)
                 print(
-                    f"seed {seed} {arm:<8}: {r['trial_epochs']} trial-epochs ({r['stopped']} stopped), best val_acc "
+                    f"seed {seed} {arm:<8}: {r['trial_epochs']} trial-epochs ({r['stopped']} stopped: "
+                    f"{r['stopped_by']}), best val_acc "
                     f"{r['best_val_acc']:.3f}, best finished test_acc {r['best_test_acc']}, {r['wall_s']:.0f} s",
                     flush=True,
                 )

@@ -141,11 +141,11 @@ def front_figure(df: pl.DataFrame, objectives: Sequence[Objective], title: str =
     ax.scatter(rest["_x"], rest["_y"], c="tab:gray", alpha=0.6, s=28, label=f"other trials ({rest.height})")
     ax.plot(front["_x"], front["_y"], "-", color="tab:red", alpha=0.6, zorder=2)
     ax.scatter(front["_x"], front["_y"], c="tab:red", s=44, zorder=3, label=f"Pareto front ({front.height})")
-    if label_col in front.columns:
-        for row in front.iter_rows(named=True):
-            ax.annotate(
-                str(row[label_col]), (row["_x"], row["_y"]), fontsize=6, xytext=(3, 3), textcoords="offset points"
-            )
+    if label_col in front.columns:  # one label per distinct point: equal trials as "name (x3)"
+        points = front.group_by(["_x", "_y"], maintain_order=True).agg(pl.col(label_col).first(), pl.len())
+        for row in points.iter_rows(named=True):
+            text = str(row[label_col]) + (f" (x{row['len']})" if row["len"] > 1 else "")
+            ax.annotate(text, (row["_x"], row["_y"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     arrow = {"max": "higher is better", "min": "lower is better"}
     ax.set_xlabel(f"{mx} ({arrow[xmode]})")
     ax.set_ylabel(f"{my} ({arrow[ymode]})")

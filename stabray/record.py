@@ -325,9 +325,9 @@ DECOMP_KEYS = ["T", "loss_gap", "bound", "ratio", "first_order", "second_order",
 
 # ----------------------------------------------------------------------------------- status
 
-# How a trial ended. FINISHED: ran every epoch (it has the final metrics). STOPPED: the scheduler
-# (ASHA) ended it early. FAILED: it raised. RUNNING: still going, or its driver died. KILLED: the
-# sweep was interrupted while it ran (`--resume` continues it).
+# How a trial ended. FINISHED: ran every epoch (it has the final metrics). STOPPED: ended early by
+# the scheduler (ASHA) or the EAF rule (search.eaf_stop). FAILED: it raised. RUNNING: still going,
+# or its driver died. KILLED: the sweep was interrupted while it ran (`--resume` continues it).
 STATUSES = ("FINISHED", "STOPPED", "FAILED", "RUNNING", "KILLED")
 
 
