@@ -302,6 +302,10 @@ def test_two_objective_sweep_through_the_cli_writes_the_front(tmp_path, monkeypa
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
     assert {"pareto/front.md", "pareto/front.csv"} <= logged
     assert "plots/pareto_front.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    summary = Path(client.download_artifacts(parent.info.run_id, "summary.md", str(tmp_path))).read_text()
+    header = next(line for line in summary.splitlines() if line.startswith("| trial"))
+    assert [c.strip() for c in header.strip("|").split("|")][:2] == ["trial", "front"]
+    assert "`front`: * = on the Pareto front of val_acc (max), eaf (min)." in summary
 
     assert (
         main(

@@ -154,7 +154,7 @@ def status_counts(df: pl.DataFrame) -> dict[str, int]:
 
 
 def objectives_text(spec) -> str:
-    """ "val_acc (max), eaf (min)"."""
+    """The objectives in words, like "val_acc (max), eaf (min)"."""
     return ", ".join(f"{m} ({mode})" for m, mode in spec.search.objectives())
 
 
@@ -415,7 +415,7 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
     the two sweep plots and a description with the outcome. Returns the best trial's row (or None)."""
     from stabray.tune import plots
 
-    df = sorted_trials(records)
+    df = sorted_trials(records)  # the best trial: highest best_val_acc, whatever the objectives
     if not df.height:
         return None
     best = df.row(0, named=True)
@@ -433,7 +433,7 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
     store.log_metrics(parent_run_id, shown, step=0)
     store.set_tag(parent_run_id, "stabray.best_run_id", str(best.get("run_id")))
     store.set_tag(parent_run_id, "stabray.best_trial", str(best.get("name")))
-    md = summary_markdown(spec, df, wall_s)
+    md = summary_markdown(spec, sorted_trials(records, spec), wall_s)  # front members first, marked
     store.log_text(parent_run_id, md, "summary.md")
     by_id = {r.run_id: r for r in records}
     trials = [
