@@ -3,14 +3,15 @@
 (alg1 at 1/2/4 bits, lam=1 so the sequence is SFT-CoT's) <= 1.3x; Coconut > 1 (sequential latent
 passes); NSO ~ 2m x (2m forward/backward passes).
 
-    python benchmarks/bench_methods.py [--smoke] [--json out.json] [--rounds 12]
+    python benchmarks/bench_methods.py [--smoke] [--json out.json] [--rounds 12] [--only LABEL ...]
 
 A step = zero_grad + method.step (forward and backward) + AdamW step, as the trainer runs it. Each
 variant has its own freshly prepared model from the same initial weights and sees the batch its
 method trains on: Coconut at curriculum stage 3 (three steps replaced by three latents, its most
 expensive stage), implicit CoT at epoch 2 (two steps removed). Variants are interleaved round by
 round and each ratio is the median step time over the rounds divided by SFT-CoT's median, so load
-from other processes hits all variants alike. torch uses 2 threads.
+from other processes hits all variants alike; `range` is the lowest and highest ratio of one round's
+step to SFT-CoT's step in the same round. torch uses 2 threads.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ VARIANTS = {
     "coconut@stage3": ("coconut", {"max_stage": 3, "latents_per_step": 1}, 3),
     "nso m=1": ("nso", {"samples": 1}, 0),
     "nso m=2": ("nso", {"samples": 2}, 0),
+    "jacreg (defaults)": ("jacreg", {}, 0),
 }
 TARGETS = {
     "alg1 lam=1 1-bit": "<= 1.3",
@@ -52,6 +54,7 @@ TARGETS = {
     "coconut@stage3": "> 1",
     "nso m=1": "~ 2",
     "nso m=2": "~ 4",
+    "jacreg (defaults)": "<= 2",
 }
 
 
@@ -83,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the measurements here")
     ap.add_argument("--rounds", type=int, default=12, help="timed steps per variant (median taken)")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--only", nargs="+", choices=list(VARIANTS), help="measure these variants (and sft_cot) only")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     n_nodes, preset, bs, rounds = (5, "tiny", 4, 2) if args.smoke else (10, "small", args.batch, args.rounds)
@@ -91,10 +95,11 @@ def main(argv=None) -> int:
     tok = build_tokenizer([t for e in examples for t in (e.question, e.question_nohint, e.answer)])
     encoder = Encoder(tok)
     steps, tokens = {}, {}
-    for label in VARIANTS:
+    labels = [v for v in VARIANTS if not args.only or v == "sft_cot" or v in args.only]
+    for label in labels:
         steps[label], tokens[label] = build(label, tok, encoder, examples, preset)
         steps[label]()  # warm-up (allocations, first-call overheads)
-    times = {label: [] for label in VARIANTS}
+    times = {label: [] for label in labels}
     for _ in range(rounds):  # interleaved: every variant once per round
         for label, step in steps.items():
             times[label].append(step())
@@ -103,15 +108,17 @@ def main(argv=None) -> int:
         label: {
             "median_ms": 1e3 * statistics.median(t),
             "ratio": statistics.median(t) / base,
+            "range": [min(a / b for a, b in zip(t, times["sft_cot"])), max(a / b for a, b in zip(t, times["sft_cot"]))],
             "tokens": tokens[label],
             "target": TARGETS.get(label, ""),
         }
         for label, t in times.items()
     }
     print(f"dijkstra n_nodes={n_nodes}, preset={preset}, batch={bs}, rounds={rounds}, threads=2")
-    print(f"{'variant':<22}{'tokens':>8}{'ms/step':>10}{'x sft':>8}  target")
+    print(f"{'variant':<22}{'tokens':>8}{'ms/step':>10}{'x sft':>8}{'range':>13}  target")
     for label, r in rows.items():
-        print(f"{label:<22}{r['tokens']:>8}{r['median_ms']:>10.1f}{r['ratio']:>8.2f}  {r['target']}")
+        span = "{:.2f}-{:.2f}".format(*r["range"])
+        print(f"{label:<22}{r['tokens']:>8}{r['median_ms']:>10.1f}{r['ratio']:>8.2f}{span:>13}  {r['target']}")
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -102,8 +102,22 @@ def encode_generated(encoder: "Encoder", prompt: str, generated: list[int]) -> E
     return Encoded(tuple(ids), tuple(labels), prompt_len, tuple(spans), (prompt_len + final_start, len(ids)))
 
 
-def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded training batch: input_ids, attention_mask, labels, each (B, L)."""
+class Batch(dict):
+    """A training batch: the model's keyword arguments (input_ids, attention_mask, labels, each
+    (B, L)) as a dict, so `model(**batch)` works, plus `encoded`, the examples it was built from
+    (their step spans; a method that reads the steps, such as jacreg, needs them)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], encoded: tuple[Encoded, ...] = ()):
+        super().__init__(tensors)
+        self.encoded = tuple(encoded)
+
+    def to(self, device) -> "Batch":
+        return Batch({k: v.to(device) for k, v in self.items()}, self.encoded)
+
+
+def collate(batch: list[Encoded], pad_id: int) -> Batch:
+    """Right-padded training batch: input_ids, attention_mask, labels, each (B, L); `.encoded` keeps
+    the examples."""
     L = max(len(e.input_ids) for e in batch)
     ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), L), IGNORE, dtype=torch.long)
@@ -113,7 +127,7 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
         ids[i, :n] = torch.tensor(e.input_ids)
         labels[i, :n] = torch.tensor(e.labels)
         mask[i, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return Batch({"input_ids": ids, "attention_mask": mask, "labels": labels}, batch)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -125,3 +139,25 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
         ids[i, L - len(p) :] = torch.tensor(p)
         mask[i, L - len(p) :] = 1
     return {"input_ids": ids, "attention_mask": mask}
+
+
+# ---------------------------------------------------------------- the blocks of a chain
+# Step i of the stability measure is a block of token positions: block 0 is the question, blocks
+# 1..n the intermediate steps, block T = n + 1 the final answer (docs/design.md, "Stability measure").
+# The stability measure (stabray.stability) and the Jacobian penalty (stabray.methods.jacreg) read
+# the same blocks.
+
+
+def input_blocks(enc: Encoded) -> list[list[int]]:
+    """Token positions of block 0 (the whole question, BOS skipped), 1..n (each whole step) and T
+    (the final answer without EOS): the input side of J, never capped."""
+    spans = [*enc.step_spans, (enc.final_span[0], enc.final_span[1] - 1)]
+    return [list(range(min(1, enc.prompt_len), enc.prompt_len)), *(list(range(a, b)) for a, b in spans)]
+
+
+def blocks_of(enc: Encoded, token_cap: int) -> list[list[int]]:
+    """Token positions of blocks 0..T on the OUTPUT side of J: the first `token_cap` tokens of each
+    step and of the final answer (block 0, the question, is never an output and is kept whole).
+    The per-step errors eps_t / r_t are measured on these same tokens."""
+    blocks = input_blocks(enc)
+    return [blocks[0], *(b[:token_cap] for b in blocks[1:])]

@@ -123,7 +123,7 @@ class Alg1(Method):
         p = self.params
         check_compression_qat(self.name, p)
         if p.noise not in ("quant", "gaussian"):
-            raise UserError(f"method 'alg1': noise must be 'quant' or 'gaussian', got {p.noise!r}")
+            raise UserError(f"method {self.name!r}: noise must be 'quant' or 'gaussian', got {p.noise!r}")
 
     def prepare(self, model):
         p = self.params
@@ -132,7 +132,9 @@ class Alg1(Method):
                 apply_qat(model, p.bits, p.quantize, p.quantizer)
             else:
                 if p.quantize == "merged":
-                    raise UserError("method 'alg1': noise='gaussian' perturbs layer weights; quantize='merged' is QAT")
+                    raise UserError(
+                        f"method {self.name!r}: noise='gaussian' perturbs layer weights; quantize='merged' is QAT"
+                    )
                 for _, mod in quantizable_linears(model, p.quantize):
                     parametrize.register_parametrization(mod, "weight", GaussianWeightNoise(p.bits))
         return model

@@ -53,7 +53,8 @@ from typing import Any
 import torch
 from torch.func import jvp, vjp, vmap
 
-from stabray.data.encode import Encoded
+from stabray.data.encode import Encoded, blocks_of, input_blocks
+from stabray.models.outputs import embedding_matrix, expected_embedding_fn, prefix_kv
 
 AGGREGATIONS = ("block", "token_mean")
 
@@ -85,75 +86,7 @@ def measuring(model):
         model.train(was_training)
 
 
-def embedding_matrix(model) -> torch.Tensor:
-    return model.get_input_embeddings().weight.detach()  # (V, d)
-
-
-def _outputs(model, E, keep: int, hidden: torch.Tensor | None, **kw):
-    """The last `keep` positions' outputs: expected embeddings, or the last hidden state where
-    `hidden` (B, keep) is True (a position whose hidden state is fed back as a latent thought)."""
-    if hidden is None:
-        try:
-            logits = model(logits_to_keep=keep, **kw).logits
-        except TypeError:  # a model without logits_to_keep
-            logits = model(**kw).logits[:, -keep:]
-    else:
-        res = model(logits_to_keep=keep, output_hidden_states=True, **kw)
-        logits = res.logits
-    probs = torch.softmax(logits[..., : E.shape[0]].float(), dim=-1)  # (B, keep, V)
-    out = probs.to(E.dtype) @ E
-    if hidden is not None:
-        out = torch.where(hidden[..., None], res.hidden_states[-1][:, -keep:].to(E.dtype), out)
-    return out
-
-
-def expected_embedding_fn(model, keep: int, hidden: torch.Tensor | None = None, kv=None):
-    """f(x): (B, L, d) input embeddings -> (B, keep, d) expected embeddings of the last `keep` positions
-    (last hidden states where `hidden` is True). With `kv` (`prefix_kv`), x is the suffix after a
-    constant prefix given as its per-layer keys/values: nothing flows back into the prefix, so
-    forward, JVP and VJP cost scale with the suffix length, not the whole sequence."""
-    E = embedding_matrix(model)
-
-    def f(x):
-        if kv is None:
-            return _outputs(model, E, keep, hidden, inputs_embeds=x, use_cache=False)
-        from transformers import DynamicCache
-
-        cache = DynamicCache(ddp_cache_data=list(kv))  # fresh: a forward appends to it
-        return _outputs(model, E, keep, hidden, inputs_embeds=x, cache=cache, use_cache=True)
-
-    return f
-
-
-def prefix_kv(model, x_prefix: torch.Tensor):
-    """Per-layer (key, value) tensors of a constant prefix, or None if the model has no KV cache."""
-    try:
-        res = model(inputs_embeds=x_prefix, use_cache=True, logits_to_keep=1)
-    except TypeError:
-        return None
-    cache = getattr(res, "cache", None) or getattr(res, "past_key_values", None)
-    layers = getattr(cache, "layers", None)
-    if not layers or any(getattr(la, "keys", None) is None for la in layers):
-        return None
-    return [(la.keys, la.values) for la in layers]
-
-
 # ---------------------------------------------------------------- blocks and probes
-
-
-def input_blocks(enc: Encoded) -> list[list[int]]:
-    """Token positions of block 0 (the whole question, BOS skipped), 1..n (each whole step) and T
-    (the final answer without EOS): the input side of J, never capped."""
-    spans = [*enc.step_spans, (enc.final_span[0], enc.final_span[1] - 1)]
-    return [list(range(min(1, enc.prompt_len), enc.prompt_len)), *(list(range(a, b)) for a, b in spans)]
-
-
-def blocks_of(enc: Encoded, token_cap: int) -> list[list[int]]:
-    """Token positions of blocks 0..T on the OUTPUT side of J: the first `token_cap` tokens of each
-    step and of the final answer (block 0, the question, is never an output and is kept whole).
-    The per-step errors eps_t / r_t are measured on these same tokens."""
-    blocks = input_blocks(enc)
-    return [blocks[0], *(b[:token_cap] for b in blocks[1:])]
 
 
 @dataclass

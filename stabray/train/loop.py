@@ -112,7 +112,7 @@ class Trainer:
             for i in idx:
                 prompt, steps = self.method.train_view(examples[i], epoch, rng)
                 items.append(self.encoder.encode(prompt, steps, examples[i].final))
-            batch = {k: v.to(self.device) for k, v in collate(items, self.encoder.pad).items()}
+            batch = collate(items, self.encoder.pad).to(self.device)  # keeps the step spans
             tokens += int(batch["attention_mask"].sum())
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
