@@ -237,6 +237,13 @@ def test_beta_zero_is_sft_cot_and_beta_adds_the_penalty(setup):
     pen = jacobian_penalty(model, batch, pairs, forward=model(**batch, use_cache=True)).detach()
     assert float(pen) > 0
     assert float(got) == pytest.approx(float(sft) + beta * float(pen), rel=1e-12)
+    model.eval()  # evaluation: the CE alone, and no draw from the training RNG
+    try:
+        state = torch.get_rng_state()
+        assert float(m.loss(model, batch).detach()) == float(sft)
+        assert torch.equal(state, torch.get_rng_state())
+    finally:
+        model.train()
 
 
 def test_a_batch_without_step_spans_and_bad_values_are_user_errors(setup):

@@ -49,7 +49,9 @@ the chain the model trains on (the penalty then acts on the compressed chain, th
 `bits` fake-quantizes weights (QAT; the parametrized weights are computed once per step, so the CE
 and the penalty see the same quantized, or noised, weights), and the stability measures use the
 compressed gold chain (`eval_chain`). Defaults lam = 1, bits = 32: SFT-CoT plus the penalty.
-beta = 0 is SFT-CoT's loss exactly (the penalty is not computed).
+beta = 0 is SFT-CoT's loss exactly (the penalty is not computed), and so is the loss of a model in
+eval mode (`model.eval()`): the penalty is a training regularizer, and its draws come from torch's
+global RNG, which the trainer seeds and checkpoints, so an evaluation must not consume them.
 """
 
 from __future__ import annotations
@@ -205,8 +207,10 @@ class JacReg(Alg1):
 
     def loss(self, model, batch):
         p = self.params
-        if p.beta == 0:
-            return super().loss(model, batch)  # SFT-CoT's loss, nothing else computed
+        if p.beta == 0 or not model.training:
+            # SFT-CoT's loss, nothing else computed. In eval mode too: the penalty regularizes
+            # training, and drawing its random vectors there would move the training RNG stream
+            return super().loss(model, batch)
         encoded = getattr(batch, "encoded", ())
         if len(encoded) != batch["input_ids"].shape[0]:
             raise UserError(
