@@ -83,6 +83,9 @@ class EvalCfg(Strict):
     val_examples: int = Field(0, ge=0)  # 0 = the whole validation split, every epoch
     eaf_examples: int = Field(16, ge=0)  # examples for the per-epoch EAF (0 = off)
     eaf_iters: int = Field(10, ge=1)  # power-iteration steps
+    # per-epoch EAF every k epochs (and at the last epoch); epochs in between report no `eaf`. The
+    # power iteration warm-starts from the last measured epoch. 1 = every epoch
+    eaf_every: int = Field(1, ge=1)
     eaf_token_cap: int = Field(8, ge=1)  # output tokens per step block (the input side is the whole step)
     eaf_aggregation: Literal["block", "token_mean"] = "block"
     # chain of eaf / final_eaf: gold = the method's gold evaluation chain (Method.eval_steps: the chain it

@@ -149,3 +149,23 @@ def test_pretrained_path_with_lora(cache_dir, local_pretrained, tmp_path):
     again = load_run(tmp_path / "ck")
     for (_, a), (_, b) in zip(run.model.named_parameters(), again.model.named_parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_eaf_every_measures_every_kth_and_the_last_epoch(cache_dir):
+    """eval.eaf_every = 2 over 3 epochs: the EAF at epochs 2 and 3 only, and at epoch 2 it is what
+    the estimator gives on that epoch's model (same training: the EAF touches no training RNG)."""
+    from stabray.stability import estimate_eaf
+
+    ev = {"eaf_examples": 4, "eaf_iters": 3, "eaf_every": 2, "long_splits": ["test_long"]}
+    run = TrialRun(tiny_config(cache_dir, eval=ev))
+    every = TrialRun(tiny_config(cache_dir, eval={**ev, "eaf_every": 1}))
+    got = []
+    for _ in range(3):
+        m, ref = run.epoch(), every.epoch()
+        assert m["train_loss"] == ref["train_loss"]  # skipping the EAF leaves training unchanged
+        got.append(m.get("eaf"))
+        if m["epoch"] == 2:  # the first measured epoch starts the power iteration cold
+            cold = estimate_eaf(run.model, run.eval_encoded("val", 4), iters=3, token_cap=8, method=run.method)
+            assert m["eaf"] == pytest.approx(cold.eaf, rel=1e-6)
+    assert got[0] is None and got[1] is not None and got[2] is not None
+    assert [h.get("eaf") is not None for h in run.history] == [False, True, True]

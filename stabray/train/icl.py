@@ -346,7 +346,7 @@ class ICLRun(Runner):
             val_infer_star=c["infer_star"][-1],
             val_time_s=time.perf_counter() - t0,
         )
-        if ev.eaf_examples:
+        if ev.eaf_examples and self.eaf_due:
             t0 = time.perf_counter()
             m["eaf"] = self.stability("val", ev.eaf_examples)["eaf"][-1]
             m["eaf_time_s"] = time.perf_counter() - t0

@@ -186,7 +186,7 @@ class TrialRun(Runner):
         m["val_acc"] = self.evaluate("val", self.cfg.eval.val_examples).acc
         m["val_time_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        e = self.eaf("val")
+        e = self.eaf("val") if self.eaf_due else None
         if e is not None:
             m["eaf"] = e
             m["eaf_time_s"] = time.perf_counter() - t0

@@ -94,6 +94,12 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def load(self, path: str | Path) -> None: ...
 
+    @property
+    def eaf_due(self) -> bool:
+        """Whether the epoch just trained measures the per-epoch EAF (every eval.eaf_every epochs,
+        and always the last one, so a finished trial's last result has it)."""
+        return self.epochs_done % self.cfg.eval.eaf_every == 0 or self.done
+
     def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
         return best_epoch(self.history, metric)
 
