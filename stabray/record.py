@@ -68,7 +68,8 @@ METRICS: dict[str, Metric] = {
             "trains the model to write (Alg. 1 / MTP with lam < 1: the floor(lam T) steps of its compressed chain; "
             "SFT-CoT: every step; Coconut: its latent slots, holding the model's own latents), generated = the "
             "model's own greedy chain. Measured every eval.eaf_every epochs and at the last epoch (absent from "
-            "the epochs between). Not logged for No CoT and Implicit CoT, which answer without a chain (the sum over steps is empty)",
+            "the epochs between). Not logged for No CoT and Implicit CoT, which answer without a chain (the sum "
+            "over steps is empty)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
         ),
         Metric(
