@@ -9,9 +9,9 @@ A step = zero_grad + method.step (forward and backward) + AdamW step, as the tra
 variant has its own freshly prepared model from the same initial weights and sees the batch its
 method trains on: Coconut at curriculum stage 3 (three steps replaced by three latents, its most
 expensive stage), implicit CoT at epoch 2 (two steps removed). Variants are interleaved round by
-round and each ratio is the median step time over the rounds divided by SFT-CoT's median, so load
-from other processes hits all variants alike; `range` is the lowest and highest ratio of one round's
-step to SFT-CoT's step in the same round. torch uses 2 threads.
+round and each ratio is the median over the rounds of (step time / SFT-CoT's step time in the same
+round), so load from other processes hits all variants alike. torch uses `--threads` (default 1:
+on a loaded machine two threads spin-wait on each other).
 """
 
 from __future__ import annotations
@@ -19,18 +19,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from stabray.data.encode import Encoder, collate
-from stabray.data.splits import make_splits
-from stabray.data.tokenizer import build_tokenizer
-from stabray.methods import get_method
-from stabray.models.build import ModelSpec, build_model
-from stabray.tasks import get_task
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import command, figure  # noqa: E402
+
+from stabray.data.encode import Encoder, collate  # noqa: E402
+from stabray.data.splits import make_splits  # noqa: E402
+from stabray.data.tokenizer import build_tokenizer  # noqa: E402
+from stabray.methods import get_method  # noqa: E402
+from stabray.models.build import ModelSpec, build_model  # noqa: E402
+from stabray.tasks import get_task  # noqa: E402
 
 # label: (method, params, epoch whose training view is measured)
 VARIANTS = {
@@ -84,11 +90,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny model, 4 examples, 2 rounds: checks it runs")
     ap.add_argument("--json", help="write the measurements here")
-    ap.add_argument("--rounds", type=int, default=12, help="timed steps per variant (median taken)")
+    ap.add_argument("--rounds", type=int, default=6, help="timed steps per variant (median taken)")
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--only", nargs="+", choices=list(VARIANTS), help="measure these variants (and sft_cot) only")
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     n_nodes, preset, bs, rounds = (5, "tiny", 4, 2) if args.smoke else (10, "small", args.batch, args.rounds)
     task = get_task("dijkstra", n_nodes=n_nodes)
     examples = make_splits(task, {"train": bs}, splits=("train",))["train"]
@@ -103,26 +110,40 @@ def main(argv=None) -> int:
     for _ in range(rounds):  # interleaved: every variant once per round
         for label, step in steps.items():
             times[label].append(step())
-    base = statistics.median(times["sft_cot"])
     rows = {
         label: {
             "median_ms": 1e3 * statistics.median(t),
-            "ratio": statistics.median(t) / base,
+            "ratio": statistics.median(a / b for a, b in zip(t, times["sft_cot"])),
             "range": [min(a / b for a, b in zip(t, times["sft_cot"])), max(a / b for a, b in zip(t, times["sft_cot"]))],
             "tokens": tokens[label],
             "target": TARGETS.get(label, ""),
         }
         for label, t in times.items()
     }
-    print(f"dijkstra n_nodes={n_nodes}, preset={preset}, batch={bs}, rounds={rounds}, threads=2")
-    print(f"{'variant':<22}{'tokens':>8}{'ms/step':>10}{'x sft':>8}{'range':>13}  target")
+    print(f"dijkstra n_nodes={n_nodes}, preset={preset}, batch={bs}, rounds={rounds}, threads={args.threads}")
+    print(f"{'variant':<22}{'tokens':>8}{'ms/step':>10}{'x sft':>8}  target")
     for label, r in rows.items():
-        span = "{:.2f}-{:.2f}".format(*r["range"])
-        print(f"{label:<22}{r['tokens']:>8}{r['median_ms']:>10.1f}{r['ratio']:>8.2f}{span:>13}  {r['target']}")
+        print(f"{label:<22}{r['tokens']:>8}{r['median_ms']:>10.1f}{r['ratio']:>8.2f}  {r['target']}")
+    cmd = command(__file__, argv)
+    figs = [
+        figure(
+            "method_step_" + label.replace(" ", "_").replace("=", "").replace("@", "_at_").replace(".", "p"),
+            f"training step time, {label} / SFT-CoT",
+            times[label],
+            "s",
+            cmd,
+            baselines=times["sft_cot"],
+            target=TARGETS[label] if TARGETS.get(label, "").startswith(("<", ">")) else None,
+            detail=f"Dijkstra {n_nodes} nodes, `{preset}`, batch {bs}, {args.threads} thread(s), {rounds} rounds",
+        )
+        for label in times
+        if label != "sft_cot"
+    ]
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
+                    "figures": figs,
                     "smoke": args.smoke,
                     "n_nodes": n_nodes,
                     "preset": preset,

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from bench_train import CLIP, LR, WD, setup  # noqa: E402
+from common import command, figure  # noqa: E402
 
 from stabray.data.encode import collate  # noqa: E402
 from stabray.methods import get_method  # noqa: E402
@@ -116,10 +117,27 @@ def main(argv: list[str] | None = None) -> int:
     prof = profile(setups[args.profile], batch, args.profile) if args.profile is not None else None
     if prof:
         print(prof)
+    cmd = command(__file__, argv)
+    figs = [
+        figure(
+            f"qat_step_time_{b}bit",
+            f"QAT step time at {b} bits / full precision ({args.quantizer} quantizer)",
+            [rd[b][0] for rd in rounds],
+            "s",
+            cmd,
+            baselines=[rd[32][0] for rd in rounds],
+            target=f"<= {TARGET}",
+            detail=f"embedded {args.preset}, batch {args.batch_size}, {steps} steps x {repeats} rounds; by CPU time "
+            f"{ratio_cpu[b]:.3f}x",
+        )
+        for b in BITS
+        if b != 32
+    ]
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
+                    "figures": figs,
                     "smoke": args.smoke,
                     "preset": args.preset,
                     "batch_size": args.batch_size,

@@ -28,11 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
+from common import command, figure  # noqa: E402
 
 from stabray.config import TrainCfg  # noqa: E402
 from stabray.data.encode import Encoder, collate  # noqa: E402
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--steps", type=int, default=40, help="optimisation steps per run")
     p.add_argument("--batch-size", type=int, default=16, help="the default sweep's batch")
-    p.add_argument("--repeats", type=int, default=9, help="interleaved rounds (after one warm-up)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (after one warm-up)")
     p.add_argument("--preset", default="mini", help="embedded model shape (mini: the default sweep's)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
@@ -210,10 +212,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:<12} {tps[n]:>10.0f} {ratio[n]:>10.3f} {ratio_cpu[n]:>21.3f}")
     ok = ratio["stabray"] >= TARGET
     print(f"target: stabray >= {TARGET}x the minimal loop: {'met' if ok else 'MISSED'}")
+    cmd = command(__file__, argv)
+    setting = f"embedded {args.preset}, batch {bs}, {steps} steps, {args.threads} thread(s), {repeats} rounds"
+    figs = [
+        figure(
+            "train_throughput_stabray",
+            "training throughput: stabray `Trainer` / a minimal PyTorch loop (tokens/s)",
+            [rd["stabray"][0] for rd in rounds],
+            "tokens/s",
+            cmd,
+            baselines=[rd["minimal"][0] for rd in rounds],
+            target=f">= {TARGET}",
+            detail=f"{setting}; by CPU time {ratio_cpu['stabray']:.3f}x",
+        ),
+        figure(
+            "train_throughput_hf",
+            "training throughput: `transformers.Trainer` / a minimal PyTorch loop (tokens/s)",
+            [rd["hf_trainer"][0] for rd in rounds],
+            "tokens/s",
+            cmd,
+            baselines=[rd["minimal"][0] for rd in rounds],
+            detail=f"{setting}; by CPU time {ratio_cpu['hf_trainer']:.3f}x",
+        ),
+    ]
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
+                    "figures": figs,
                     "smoke": args.smoke,
                     "preset": args.preset,
                     "batch_size": bs,

@@ -1,18 +1,24 @@
-"""Run every benchmark in its own process and print one line per benchmark with its headline figure.
+"""Run every benchmark in its own process and collect their figures into one summary.json.
 
-    python benchmarks/run_all.py --smoke                 # each at tiny size: checks they all run (CI)
-    python benchmarks/run_all.py --out bench-results     # the real measurements (about 25 min, 2 cores)
+    python benchmarks/run_all.py --smoke                 # each at tiny size: checks they run and the schema (CI)
+    python benchmarks/run_all.py --out bench             # the real measurements (about an hour on 2 loaded cores)
     python benchmarks/run_all.py --smoke --only train qat
 
 Each benchmark is `benchmarks/bench_<name>.py`, run as `python bench_<name>.py [--smoke] --json
-<out>/<name>.json`; every `bench_*.py` in this folder is picked up (so bench_methods.py runs once it
-exists). No thresholds are asserted: the exit code is non-zero only when a benchmark fails to run.
+<out>/<name>.json`; every `bench_*.py` in this folder is picked up. `<out>/summary.json` holds one
+entry per figure of the README's Performance table (`name, value, unit, baseline, ratio, repeats,
+min, max, target, met, command`, see benchmarks/common.py), each with the wall time of its benchmark
+and the machine's load average before and after it, plus the run's own wall time and load.
+`benchmarks/readme_table.py` renders the README's table from it. No thresholds are asserted: the exit
+code is non-zero when a benchmark fails to run or a figure does not follow the schema.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -20,7 +26,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["data", "eaf", "train", "qat", "methods", "sweep", "search"]  # cheap first; others after, by name
+sys.path.insert(0, str(HERE))
+from common import check_figure  # noqa: E402
+
+# cheap first; the sweeps last; others after, by name
+ORDER = ["data", "train", "qat", "methods", "eaf", "tracking", "calibrate", "sweep", "search", "default_sweep"]
 
 
 def available() -> list[str]:
@@ -28,36 +38,15 @@ def available() -> list[str]:
     return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
 
 
-def headline(name: str, r: dict) -> str:
-    """The figure each benchmark exists for (best effort: unknown layouts print nothing)."""
-    try:
-        if name == "train":
-            x = r["ratio_to_minimal"]
-            return f"stabray {x['stabray']:.3f}x minimal loop, HF Trainer {x['hf_trainer']:.3f}x (target >= 0.95)"
-        if name == "qat":
-            worst = max((v, b) for b, v in r["ratio_to_fp32"].items() if b != "32")
-            return f"worst {worst[0]:.3f}x fp32 at {worst[1]} bits (target <= 1.3)"
-        if name == "sweep":
-            ml = r["mlflow"]
-            s = (
-                f"MLflow log_batch {ml['log_batch_ms_per_result']:.1f} ms/result ({ml['per_key_over_batch']:.1f}x "
-                f"faster than per key)"
-            )
-            return (f"overhead {100 * r['overhead']:+.1f}% (target <= 10%); " if "overhead" in r else "") + s
-        if name == "search":
-            return "; ".join(
-                f"{a}: best val_acc {x['best_val_acc']:.3f} in {x['trial_epochs']} trial-epochs"
-                for a, x in r["arms"].items()
-            )
-        if name == "eaf":
-            return f"batched {r['speedup']:.1f}x the per-pair loop, disagreement {r['max_rel_disagreement']:.1e}"
-        if name == "data":
-            g = max(x["generate_s_per_2000"] for x in r["results"])
-            ld = max(x["load_s"] for x in r["results"])
-            return f"slowest generation {g:.2f} s/2000, slowest cached load {ld:.3f} s"
-    except (KeyError, TypeError, ValueError):
-        pass
-    return ""
+def headline(figs: list[dict]) -> str:
+    """The figures with a target: median and whether it is met."""
+    out = []
+    for f in figs:
+        if f.get("target"):
+            on = f.get("target_on", "value")
+            x = f.get(on if on != "value" else "value")
+            out.append(f"{f['name']} {x:.3g} ({f['target']}: {'met' if f['met'] else 'MISSED'})")
+    return "; ".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,27 +65,61 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.out else tempfile.TemporaryDirectory()
     out = Path(args.out or tmp.name)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, figures, problems = [], [], []
+    run_load0, run_t0 = os.getloadavg(), time.perf_counter()
     for name in names:
         js = out / f"{name}.json"
         cmd = [sys.executable, str(HERE / f"bench_{name}.py"), *(["--smoke"] if args.smoke else []), "--json", str(js)]
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        load0 = os.getloadavg()
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=args.quiet, text=True)
         dt = time.perf_counter() - t0
+        load1 = os.getloadavg()
         res = json.loads(js.read_text()) if proc.returncode == 0 and js.exists() else {}
         if proc.returncode and args.quiet:
             print((proc.stdout or "")[-3000:] + (proc.stderr or "")[-3000:])
-        rows.append((name, proc.returncode, dt, headline(name, res)))
+        figs = res.get("figures", [])
+        if proc.returncode == 0 and not figs:
+            problems.append(f"{name}: no figures in {js.name}")
+        for f in figs:
+            bad = check_figure(f)
+            if bad:
+                problems.append(f"{name}/{f.get('name')}: {'; '.join(bad)}")
+            f.update(benchmark=name, wall_s=dt, load_before=load0[0], load_after=load1[0])
+            figures.append(f)
+        rows.append(
+            {"benchmark": name, "rc": proc.returncode, "wall_s": dt, "load_before": list(load0),
+             "load_after": list(load1), "command": " ".join(["python", f"benchmarks/bench_{name}.py",
+                                                              *(["--smoke"] if args.smoke else [])])}
+        )  # fmt: skip
+        rows[-1]["headline"] = headline(figs)
+    summary = {
+        "smoke": args.smoke,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "wall_s": time.perf_counter() - run_t0,
+        "load_before": list(run_load0),
+        "load_after": list(os.getloadavg()),
+        "benchmarks": rows,
+        "figures": figures,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(
-        f"\n{'benchmark':<10} {'rc':>3} {'s':>7}  headline"
+        f"\n{'benchmark':<14} {'rc':>3} {'s':>7} {'load':>10}  headline"
         + ("  (smoke: sizes too small to mean anything)" if args.smoke else "")
     )
-    for name, rc, dt, h in rows:
-        print(f"{name:<10} {rc:>3} {dt:>7.1f}  {h}")
+    for r in rows:
+        print(
+            f"{r['benchmark']:<14} {r['rc']:>3} {r['wall_s']:>7.1f} {r['load_before'][0]:>4.1f}-"
+            f"{r['load_after'][0]:<4.1f}  {r['headline']}"
+        )
+    print(f"all: {summary['wall_s'] / 60:.1f} min; {len(figures)} figures in {out / 'summary.json'}")
+    for p_ in problems:
+        print(f"schema: {p_}")
     if tmp:
         tmp.cleanup()
-    return 1 if any(rc for _, rc, _, _ in rows) else 0
+    return 1 if problems or any(r["rc"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""The benchmarks keep working: each runs at tiny size (`--smoke`) and writes its JSON. No speed
-thresholds are asserted (CI machines are noisy). The fast checks run in-process by default; the
-full smoke run of every benchmark (Ray sweeps, HF Trainer) is marked slow."""
+"""The benchmarks keep working: each runs at tiny size (`--smoke`) and writes its JSON, whose figures
+follow the summary schema (benchmarks/common.py). No speed thresholds are asserted (CI machines are
+noisy). The fast checks run in-process by default; the full smoke run of every benchmark (Ray sweeps,
+HF Trainer) is marked slow. The README's Performance table is what benchmarks/readme_table.py renders
+from the committed benchmarks/results/summary.json."""
 
 import importlib.util
 import json
@@ -22,18 +24,81 @@ def load(name: str):
     return mod
 
 
+ROOT = BENCH.parent
+
+
+def check_figures(figs):
+    problems = {f.get("name"): load("common").check_figure(f) for f in figs}
+    assert figs and not any(problems.values()), problems
+
+
 def test_qat_smoke(tmp_path):
     out = tmp_path / "qat.json"
     assert load("qat").main(["--smoke", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert set(r["ratio_to_fp32"]) == {"32", "1", "2", "3", "4", "8"} and r["ratio_to_fp32"]["32"] == 1.0
+    check_figures(r["figures"])
+    assert {f["name"] for f in r["figures"]} == {f"qat_step_time_{b}bit" for b in (1, 2, 3, 4, 8)}
+
+
+def test_eaf_smoke_same_examples_both_sides(tmp_path):
+    out = tmp_path / "eaf.json"
+    assert load("eaf").main(["--smoke", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    check_figures(r["figures"])
+    assert r["max_rel_disagreement"] < 1e-4  # both sides on the same examples and start vectors
+    speed = next(f for f in r["figures"] if f["name"] == "eaf_estimator_speedup")
+    loop, batched = speed["samples"]["values"], speed["samples"]["baselines"]
+    assert speed["ratio"] == pytest.approx(loop[0] / batched[0])  # one round in smoke: no scaling
+
+
+def test_figure_statistics_and_schema():
+    c = load("common")
+    cmd = "python benchmarks/bench_x.py"
+    f = c.figure("x", "a figure", [3.0, 1.0, 2.0, 10.0], "s", cmd, baselines=[1.0, 1.0, 1.0, 2.0], target="<= 2.5")
+    assert f["value"] == 2.5 and f["baseline"] == 1.0  # medians of an even count: the mean of the middle two
+    assert f["ratio"] == 2.5 and (f["min"], f["max"]) == (1.0, 5.0) and f["met"] is True and f["repeats"] == 4
+    assert c.check_figure(f) == []
+    d = c.figure("y", "acc", [0.5, 0.7, 0.6], "acc", "python b.py", baselines=[0.4, 0.4, 0.4], compare="difference",
+                 target="> 0")  # fmt: skip
+    assert d["ratio"] is None and d["difference"] == pytest.approx(0.2) and d["met"] is True
+    assert c.check_figure(d) == []
+    for broken, why in (
+        ({**f, "repeats": 0}, "repeats"),
+        ({**f, "met": None}, "met"),
+        ({**f, "target": "about 2"}, "target"),
+        ({**f, "ratio": None}, "both or neither"),
+        ({k: v for k, v in f.items() if k != "command"}, "missing command"),
+        ({**f, "min": 9.0}, "min > max"),
+    ):
+        assert any(why in p for p in c.check_figure(broken)), (why, c.check_figure(broken))
+
+
+def test_readme_table_is_rendered_from_the_committed_summary():
+    """The Performance table in README.md is exactly what readme_table.py renders from
+    benchmarks/results/summary.json, every figure of which follows the schema."""
+    summary = json.loads((BENCH / "results" / "summary.json").read_text())
+    check_figures(summary["figures"])
+    rt = load("readme_table")
+    readme = (ROOT / "README.md").read_text()
+    assert rt.replace(readme, rt.render(summary)) == readme
+    names = {f["name"] for f in summary["figures"]}
+    for required in ("sweep_overhead", "sweep_overhead_prestarted_ray", "eaf_estimator_speedup",
+                     "search_asha_vs_random_test_acc", "default_sweep_wall", "default_sweep_peak_rss",
+                     "default_sweep_best_test_acc", "calibration_val_acc_4_nodes",
+                     "train_throughput_stabray"):  # fmt: skip
+        assert required in names, required
+    for task in ("dijkstra", "bellman_ford", "mst_prim", "bfs", "dfs", "lego_cyclic", "lego_symmetry"):
+        assert f"eaf_tracking_share_{task}" in names, task
 
 
 def test_mlflow_logging_cost_smoke(tmp_path):
     out = tmp_path / "sweep.json"
     assert load("sweep").main(["--smoke", "--skip-sweep", "--json", str(out)]) == 0
-    ml = json.loads(out.read_text())["mlflow"]
+    r = json.loads(out.read_text())
+    ml = r["mlflow"]
     assert ml["keys_per_result"] == 9 and ml["log_batch_ms_per_result"] > 0
+    check_figures(r["figures"])
 
 
 def test_asha_expected_epochs():
@@ -43,11 +108,29 @@ def test_asha_expected_epochs():
     assert f(4, 4) == 4  # no rung below max_t: every trial runs to the end
 
 
-def test_run_all_lists_every_benchmark():
+def load_run_all():
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert {"data", "eaf", "train", "qat", "sweep", "search"} <= set(mod.available())
+    return mod
+
+
+def test_run_all_lists_every_benchmark():
+    mod = load_run_all()
+    assert {
+        "data",
+        "eaf",
+        "train",
+        "qat",
+        "methods",
+        "sweep",
+        "search",
+        "tracking",
+        "default_sweep",
+        "calibrate",
+    } <= set(mod.available())
 
 
 @pytest.mark.slow
@@ -59,6 +142,12 @@ def test_run_all_smoke(tmp_path):
         text=True,
         timeout=1800,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for name in ("data", "eaf", "train", "qat", "sweep", "search"):
-        assert (tmp_path / f"{name}.json").exists(), name
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]  # non-zero on a schema problem too
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    check_figures(summary["figures"])
+    ran = {b["benchmark"] for b in summary["benchmarks"]}
+    assert ran == set(load_run_all().available())
+    for f in summary["figures"]:
+        assert f["benchmark"] in ran and f["wall_s"] > 0 and f["load_before"] >= 0 and f["load_after"] >= 0
+    for b in summary["benchmarks"]:
+        assert b["rc"] == 0 and (tmp_path / f"{b['benchmark']}.json").exists(), b
