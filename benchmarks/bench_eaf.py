@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     bc, lc = [rd["batched"]["cpu_s"] for rd in rounds], [rd["loop"]["cpu_s"] for rd in rounds]
     speed = figure(
         "eaf_estimator_speedup",
-        f"EAF estimator: per-pair loop time / batched time, {n} Dijkstra examples (12 nodes), T = {T_STEPS}, "
+        f"EAF estimator: per-pair loop time / batched time, {n} Dijkstra example(s) ({nodes} nodes), T = {T_STEPS}, "
         f"{iters} power iterations, both sides on the same examples",
         lw,
         "s",

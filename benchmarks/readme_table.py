@@ -30,10 +30,10 @@ def cell(f: dict) -> str:
     on, unit, n = f.get("target_on", "value"), f["unit"], f["repeats"]
     rng = f"[{_g(f['min'], unit)}, {_g(f['max'], unit)}]" if n > 1 else "(1 value)"
     if on == "ratio":
-        return f"**{f['ratio']:.3g}x** {rng}, {n} repeats ({_g(f['value'], unit)} vs {_g(f['baseline'], unit)} {unit})"
+        return f"**{f['ratio']:.3g}x** {rng}, n = {n} ({_g(f['value'], unit)} vs {_g(f['baseline'], unit)} {unit})"
     if on == "difference":
-        return f"**{_g(f['value'], unit)}** vs {_g(f['baseline'], unit)}: {f['difference']:+.3f} {rng}, {n} repeats"
-    return f"**{_g(f['value'], unit)} {unit}** {rng}, {n} repeats"
+        return f"**{_g(f['value'], unit)}** vs {_g(f['baseline'], unit)}: {f['difference']:+.3f} {rng}, n = {n}"
+    return f"**{_g(f['value'], unit)} {unit}** {rng}, n = {n}"
 
 
 def target(f: dict) -> str:

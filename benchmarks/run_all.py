@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import check_figure  # noqa: E402
 
-# cheap first; the sweeps last; others after, by name
-ORDER = ["data", "train", "qat", "methods", "eaf", "tracking", "calibrate", "sweep", "search", "default_sweep"]
+# the two targets first (tracking, sweep), then the cheap ones, the long sweeps last; unknown ones after, by name
+ORDER = ["tracking", "sweep", "data", "train", "qat", "eaf", "methods", "calibrate", "search", "default_sweep"]
 
 
 def available() -> list[str]:
@@ -47,6 +47,21 @@ def headline(figs: list[dict]) -> str:
             x = f.get(on if on != "value" else "value")
             out.append(f"{f['name']} {x:.3g} ({f['target']}: {'met' if f['met'] else 'MISSED'})")
     return "; ".join(out)
+
+
+def write_summary(out: Path, smoke: bool, t0: float, load0, rows: list, figures: list) -> dict:
+    summary = {
+        "smoke": smoke,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "wall_s": time.perf_counter() - t0,
+        "load_before": list(load0),
+        "load_after": list(os.getloadavg()),
+        "benchmarks": rows,
+        "figures": figures,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,17 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                                                               *(["--smoke"] if args.smoke else [])])}
         )  # fmt: skip
         rows[-1]["headline"] = headline(figs)
-    summary = {
-        "smoke": args.smoke,
-        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "wall_s": time.perf_counter() - run_t0,
-        "load_before": list(run_load0),
-        "load_after": list(os.getloadavg()),
-        "benchmarks": rows,
-        "figures": figures,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        write_summary(out, args.smoke, run_t0, run_load0, rows, figures)  # after each: a cut-short run keeps its part
+    summary = write_summary(out, args.smoke, run_t0, run_load0, rows, figures)
     print(
         f"\n{'benchmark':<14} {'rc':>3} {'s':>7} {'load':>10}  headline"
         + ("  (smoke: sizes too small to mean anything)" if args.smoke else "")
