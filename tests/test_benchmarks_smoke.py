@@ -16,9 +16,11 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def load(name: str):
+    """benchmarks/bench_<name>.py, or benchmarks/<name>.py for the helpers (common, readme_table)."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))  # bench_qat imports bench_train, bench_search bench_sweep
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"bench_{name}.py")
+    file = BENCH / f"{name}.py" if name in ("common", "readme_table") else BENCH / f"bench_{name}.py"
+    spec = importlib.util.spec_from_file_location(file.stem, file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
