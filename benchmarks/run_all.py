@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 from common import check_figure  # noqa: E402
 
 # the two targets first (tracking, sweep), then the cheap ones, the long sweeps last; unknown ones after, by name
-ORDER = ["tracking", "sweep", "data", "train", "qat", "eaf", "methods", "calibrate", "search", "default_sweep"]
+ORDER = ["tracking", "sweep", "eaf", "train", "qat", "data", "methods", "calibrate", "search", "default_sweep"]
 
 
 def available() -> list[str]:

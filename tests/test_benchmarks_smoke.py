@@ -84,14 +84,7 @@ def test_readme_table_is_rendered_from_the_committed_summary():
     rt = load("readme_table")
     readme = (ROOT / "README.md").read_text()
     assert rt.replace(readme, rt.render(summary)) == readme
-    names = {f["name"] for f in summary["figures"]}
-    for required in ("sweep_overhead", "sweep_overhead_prestarted_ray", "eaf_estimator_speedup",
-                     "search_asha_vs_random_test_acc", "default_sweep_wall", "default_sweep_peak_rss",
-                     "default_sweep_best_test_acc", "calibration_val_acc_4_nodes",
-                     "train_throughput_stabray"):  # fmt: skip
-        assert required in names, required
-    for task in ("dijkstra", "bellman_ford", "mst_prim", "bfs", "dfs", "lego_cyclic", "lego_symmetry"):
-        assert f"eaf_tracking_share_{task}" in names, task
+    assert {f["benchmark"] for f in summary["figures"]} <= {b["benchmark"] for b in summary["benchmarks"]}
 
 
 def test_mlflow_logging_cost_smoke(tmp_path):
