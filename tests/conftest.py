@@ -24,6 +24,25 @@ def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("cache"))
 
 
+def tiny_llama(tok):
+    """A one-layer, 32-wide Llama over a test tokenizer's vocabulary (tests build their own models)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
+
+
 def free_port() -> int:
     import socket
 

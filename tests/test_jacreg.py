@@ -187,26 +187,14 @@ def test_embedding_rows_outside_the_window_get_no_gradient(setup):
 
 
 def test_lora_penalty_reaches_only_adapters(setup, tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import tiny_llama
 
     from stabray.models.build import LoraSpec
 
     _, batch, enc, _ = setup
     tok = enc.tok
     torch.manual_seed(0)
-    base = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
-    )
+    base = tiny_llama(tok)
     base.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     model = build_model(ModelSpec(pretrained=str(tmp_path / "m"), lora=LoraSpec(rank=4, alpha=8)), tok)

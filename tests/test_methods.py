@@ -104,7 +104,7 @@ def test_gradients_on_every_weight_of_the_embedded_model(name, cache_dir):
 @pytest.fixture(scope="module")
 def local_pretrained(tmp_path_factory):
     """A tiny random Llama checkpoint with its own tokenizer, saved like a hub model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import tiny_llama
 
     from stabray.data.splits import make_splits
     from stabray.data.tokenizer import build_tokenizer
@@ -115,19 +115,7 @@ def local_pretrained(tmp_path_factory):
         [t for exs in splits.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
-    )
+    model = tiny_llama(tok)
     path = tmp_path_factory.mktemp("pretrained") / "tiny-llama"
     model.save_pretrained(path)
     tok.save_pretrained(path)

@@ -90,7 +90,7 @@ def test_resample_train_draws_fresh_examples(cache_dir):
 @pytest.fixture
 def local_pretrained(tmp_path):
     """A tiny random Llama-style checkpoint with its own tokenizer, saved like a hub model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from conftest import tiny_llama
 
     from stabray.data.splits import make_splits
     from stabray.data.tokenizer import build_tokenizer
@@ -107,19 +107,7 @@ def local_pretrained(tmp_path):
     ]
     tok = build_tokenizer(texts)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
-    )
+    model = tiny_llama(tok)
     path = tmp_path / "tiny-llama"
     model.save_pretrained(path)
     tok.save_pretrained(path)
