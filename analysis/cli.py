@@ -66,8 +66,8 @@ def register(subparsers) -> None:
         "--objectives",
         default=None,
         metavar="M:MODE,...",
-        help="the Pareto front's objectives, e.g. val_acc:max,eaf:min (default: the sweep's own when it searched "
-        "several, else val_acc:max,eaf:min)",
+        help="the Pareto front's objectives, e.g. val_acc:max,val_eaf:min (default: the sweep's own when it searched "
+        "several, else val_acc:max,val_eaf:min)",
     )
     p.set_defaults(func=_report)
 

@@ -109,8 +109,8 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
     panels = [
         (y, lab)
         for y, lab in (
-            ("final_eaf", "test EAF Σρ (final model, T_max)"),
-            ("loss_gap", "test loss gap, nats/token\n(< 0: own chain better)"),
+            ("test_eaf", "test EAF Σρ (final model, T_max)"),
+            ("test_loss_gap", "test loss gap, nats/token\n(< 0: own chain better)"),
         )
         if df[y].drop_nulls().len() > 0
     ]
@@ -143,7 +143,7 @@ def eaf_against(trials: pl.DataFrame, param: str, path: Path, xlabel: str) -> Pa
 def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     """Test accuracy against EAF, one dot per finished trial, one colour per method."""
     title = "Test accuracy against EAF per trial"
-    df = trials.filter(pl.col("test_acc").is_not_null() & pl.col("final_eaf").is_not_null())
+    df = trials.filter(pl.col("test_acc").is_not_null() & pl.col("test_eaf").is_not_null())
     if df.is_empty():
         return _no_data(path, title, "no trial logged both test_acc and an EAF")
     meths = ordered(df["method"].to_list(), PAPER_METHODS)
@@ -152,11 +152,11 @@ def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for m in meths:
         d = df.filter(pl.col("method") == m)
-        ax.scatter(d["final_eaf"], d["test_acc"] * scale, color=colors[m], label=method_label(m), alpha=0.7, s=18)
-    v = df["final_eaf"].filter(df["final_eaf"] > 0)
+        ax.scatter(d["test_eaf"], d["test_acc"] * scale, color=colors[m], label=method_label(m), alpha=0.7, s=18)
+    v = df["test_eaf"].filter(df["test_eaf"] > 0)
     if len(v) and v.max() / v.min() > 100:
         ax.set_xscale("log")
-    ax.set_xlabel("test EAF Σρ (final_eaf: final model, T_max)")
+    ax.set_xlabel("test EAF Σρ (test_eaf: final model, T_max)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.legend(fontsize=8)

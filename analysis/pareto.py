@@ -3,7 +3,7 @@
 The dominance test and the knee are `stabray.pareto` (polars; the sweep's end uses them too, and
 stabray never imports this package). Objectives are the trial frame's columns (`stabray.record`):
 each trial's last reported value of a per-epoch metric, what the sweep's searcher was told. The
-default pair is accuracy against stability, val_acc (max) and eaf (min); a multi-objective sweep
+default pair is accuracy against stability, val_acc (max) and val_eaf (min); a multi-objective sweep
 records its own in the parent run (param `objectives`), which `python -m stabray report` reads.
 """
 
@@ -17,12 +17,12 @@ import polars as pl
 from analysis.tables import MISSING, Table, fmt_num
 from stabray.pareto import FRONT, Objective, front_figure, front_rows, knee_index, mark_front, parse_objectives
 
-DEFAULT_OBJECTIVES: list[Objective] = [("val_acc", "max"), ("eaf", "min")]
+DEFAULT_OBJECTIVES: list[Objective] = [("val_acc", "max"), ("val_eaf", "min")]
 PARAMS = ["method", "lam", "bits", "lr", "lora_rank", "seed"]  # shown beside each member when logged
 
 
 def objectives_of(text: str | None, fallback: Sequence[Objective] = DEFAULT_OBJECTIVES) -> list[Objective]:
-    """Objectives from "val_acc:max,eaf:min" (a UserError naming the bad part); `fallback` for None
+    """Objectives from "val_acc:max,val_eaf:min" (a UserError naming the bad part); `fallback` for None
     or a single objective (a one-objective sweep records "val_acc:max")."""
     from stabray.errors import UserError
 
@@ -53,7 +53,7 @@ def pareto_table(trials: pl.DataFrame, objectives: Sequence[Objective] = DEFAULT
     n_all = trials.filter(pl.all_horizontal(pl.col(m).is_not_null() for m, _ in objectives)).height
     caption += (
         f": {rows.height} of {n_all} trials with every objective; * = this front's knee (report --select knee "
-        "chooses among finished trials on best_val_acc and eaf, per task and method)"
+        "chooses among finished trials on best_val_acc and val_eaf, per task and method)"
     )
 
     def show(v) -> str:

@@ -25,8 +25,8 @@ def build_report(
     (default ./reports/<experiment>); from MLflow, also log the folder to the parent run. A folder
     that already holds files is replaced only with `force`; nothing is created when loading fails.
     `rule` selects each (task, method)'s configuration for the paper's tables; the Pareto front is
-    over `objectives` ("val_acc:max,eaf:min"; default: the sweep's own when it searched several,
-    else val_acc against eaf)."""
+    over `objectives` ("val_acc:max,val_eaf:min"; default: the sweep's own when it searched several,
+    else val_acc against val_eaf)."""
     from stabray.errors import UserError
 
     out = Path(out or Path("reports") / experiment)

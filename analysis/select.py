@@ -1,7 +1,7 @@
 """Configuration selection and aggregation over seeds.
 
 A trial's validation score is `best_val_acc` (max over epochs), else its last `val_acc`; its EAF is
-the validation EAF of its last epoch (`eaf`: selection reads validation numbers only). Per group
+the validation EAF of its last epoch (`val_eaf`: selection reads validation numbers only). Per group
 (default (task, method)) one FINISHED trial is selected (a trial ASHA or the EAF rule stopped, that
 failed or was killed never is: its final metrics are missing or from a shorter run) by a rule
 (`Rule`, `python -m stabray report --select`):
@@ -67,14 +67,14 @@ def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP, rule: Rule | No
     df = _finished(trials).with_columns(score=pl.coalesce("best_val_acc", "val_acc"))
     df = df.filter(pl.col("score").is_not_null() & pl.all_horizontal(pl.col(c).is_not_null() for c in by))
     df = df.sort(
-        [*by, "score", "eaf", "trial_id"],
+        [*by, "score", "val_eaf", "trial_id"],
         descending=[False] * len(by) + [True, False, False],
         nulls_last=True,
     )
     if rule.name == "eaf_within":
         near = df.filter(pl.col("score") >= pl.col("score").max().over(by) - rule.delta - 1e-12)
         df = near.sort(
-            [*by, "eaf", "score", "trial_id"],
+            [*by, "val_eaf", "score", "trial_id"],
             descending=[False] * len(by) + [False, True, False],
             nulls_last=True,
         )
@@ -84,12 +84,12 @@ def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP, rule: Rule | No
 
 
 def _knees(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Per group (df sorted best score first): the knee of its (score max, eaf min) front."""
+    """Per group (df sorted best score first): the knee of its (score max, val_eaf min) front."""
     from stabray.pareto import knee_index
 
     parts = []
     for _, g in df.group_by(by, maintain_order=True):
-        k = knee_index(g, [("score", "max"), ("eaf", "min")])
+        k = knee_index(g, [("score", "max"), ("val_eaf", "min")])
         parts.append(g[k if k is not None else 0])
     return pl.concat(parts) if parts else df.head(0)
 

@@ -569,13 +569,13 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS, 
     name = "eaf_reduction"
     caption = (
         f"EAF reduction factor relative to {method_label(REFERENCE_METHOD)} (EAF(SFT-CoT) / EAF(method), "
-        "test EAF of the final model at T_max (final_eaf), selected configurations, mean over seeds)"
+        "test EAF of the final model at T_max (test_eaf), selected configurations, mean over seeds)"
     )
     tasks = ordered(trials["task"].to_list(), TASK_ORDER)
     meths = ordered(list(methods) + trials["method"].to_list(), list(methods))
     if not tasks:
         return _empty(name, caption, "No trials logged.", ["Method"])
-    stats = mean_std(trials, select_best(trials, rule=rule), "final_eaf")
+    stats = mean_std(trials, select_best(trials, rule=rule), "test_eaf")
     eaf = {(r["task"], r["method"]): r["mean"] for r in stats.iter_rows(named=True)}
     data, display = [], {"Method": [method_label(m) for m in meths]}
     for t in tasks:

@@ -60,7 +60,7 @@ def run_arm(spec, path, tmp: Path, tag: str) -> dict:
                 "lam": r.config["method"]["params"].get("lam"),
                 "epochs": int(df["training_iteration"].max()),
                 "best_val_acc": float(df["val_acc"].max()),
-                "max_eaf": float(df["eaf"].max()) if "eaf" in df else None,
+                "max_eaf": float(df["val_eaf"].max()) if "val_eaf" in df else None,
                 "test_acc": last.get("test_acc"),
             }
         )

@@ -57,7 +57,7 @@ EPOCH_RESULT = {
     "epoch_time_s": 7.1,
     "val_acc": 0.61,
     "val_time_s": 1.9,
-    "eaf": 3.21,
+    "val_eaf": 3.21,
     "eaf_time_s": 0.4,
     "epoch": 1,
 }

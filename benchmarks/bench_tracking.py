@@ -114,9 +114,11 @@ def seeds_check(name: str, seeds: int, epochs: int, overrides: dict, ref: dict) 
             aggregation=cfg["eval"]["eaf_aggregation"],
             method=run.method,
         )
-        rows.append({"seed": s, "spec_eaf": m["eaf"], "ref_eaf": float(r.eaf), "ref_s": time.perf_counter() - t0,
+        rows.append({"seed": s, "spec_eaf": m["val_eaf"], "ref_eaf": float(r.eaf), "ref_s": time.perf_counter() - t0,
                      "spec_eaf_s": m["eaf_time_s"]})  # fmt: skip
-        print(f"    seed {s}: EAF spec settings {m['eaf']:.4g}, reference {r.eaf:.4g} (load {load():.1f})", flush=True)
+        print(
+            f"    seed {s}: EAF spec settings {m['val_eaf']:.4g}, reference {r.eaf:.4g} (load {load():.1f})", flush=True
+        )
     spread = statistics.stdev(x["ref_eaf"] for x in rows) if len(rows) > 1 else float("nan")
     return {"rows": rows, "spread": spread, "shift": [abs(x["spec_eaf"] - x["ref_eaf"]) for x in rows], "ref": ref}
 

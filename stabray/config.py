@@ -83,12 +83,12 @@ class EvalCfg(Strict):
     val_examples: int = Field(0, ge=0)  # 0 = the whole validation split, every epoch
     eaf_examples: int = Field(16, ge=0)  # examples for the per-epoch EAF (0 = off)
     eaf_iters: int = Field(10, ge=1)  # power-iteration steps
-    # per-epoch EAF every k epochs (and at the last epoch); epochs in between report no `eaf`. The
+    # per-epoch EAF every k epochs (and at the last epoch); epochs in between report no `val_eaf`. The
     # power iteration warm-starts from the last measured epoch. 1 = every epoch
     eaf_every: int = Field(1, ge=1)
     eaf_token_cap: int = Field(8, ge=1)  # output tokens per step block (the input side is the whole step)
     eaf_aggregation: Literal["block", "token_mean"] = "block"
-    # chain of eaf / final_eaf: gold = the method's gold evaluation chain (Method.eval_steps: the chain it
+    # chain of val_eaf / test_eaf: gold = the method's gold evaluation chain (Method.eval_steps: the chain it
     # trains on, e.g. Alg. 1's compressed one); generated = the model's own greedy chain and answer
     eaf_chain: Literal["gold", "generated"] = "gold"
     # T of the *_at_T final metrics (EAF, sum eps, bound, loss gap from the eq. (4) table): the row at
@@ -206,7 +206,7 @@ class SearchCfg(Strict):
     max_concurrent: int = Field(2, ge=1)  # trials running at once
     metric: str = "val_acc"
     mode: Literal["max", "min"] = "max"
-    # Several objectives (a Pareto search): metrics [val_acc, eaf] with modes [max, min] replace
+    # Several objectives (a Pareto search): metrics [val_acc, val_eaf] with modes [max, min] replace
     # metric/mode. The searcher is told every objective; ASHA is single-objective, so a
     # multi-objective sweep needs scheduler: fifo (eaf_stop still applies).
     metrics: list[str] | None = None

@@ -1,4 +1,4 @@
-"""The Pareto front of a sweep's trials over several objectives (e.g. val_acc up, eaf down).
+"""The Pareto front of a sweep's trials over several objectives (e.g. val_acc up, val_eaf down).
 
 A trial dominates another when it is at least as good in every objective and strictly better in
 one; the front is the set of trials no other trial dominates. Equal points do not dominate each
@@ -25,12 +25,12 @@ FRONT = "on_front"  # boolean column added by `mark_front`
 
 
 def parse_objectives(text: str) -> list[Objective]:
-    """ "val_acc:max,eaf:min" -> [("val_acc", "max"), ("eaf", "min")]; a ValueError naming the bad part."""
+    """ "val_acc:max,val_eaf:min" -> [("val_acc", "max"), ("val_eaf", "min")]; a ValueError naming the bad part."""
     out = []
     for part in (p.strip() for p in text.split(",")):
         name, sep, mode = part.partition(":")
         if not sep or not name or mode not in ("max", "min"):
-            raise ValueError(f"{part!r}: expected METRIC:max or METRIC:min (e.g. val_acc:max,eaf:min)")
+            raise ValueError(f"{part!r}: expected METRIC:max or METRIC:min (e.g. val_acc:max,val_eaf:min)")
         out.append((name, mode))
     if len(out) < 2:
         raise ValueError("a Pareto front needs at least two objectives")

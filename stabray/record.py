@@ -61,7 +61,7 @@ METRICS: dict[str, Metric] = {
             "the gradient-descent iterate theta_T",
         ),
         Metric(
-            "eaf",
+            "val_eaf",
             "epoch",
             "error amplification factor sum_{i<T} rho_i^(T) at T = T_max on the first eval.eaf_examples validation "
             "examples, measured on the method's evaluation chain (eval.eaf_chain): gold = the steps the method "
@@ -141,7 +141,7 @@ METRICS: dict[str, Metric] = {
             runners=_TEXT,
         ),
         Metric(
-            "loss_gap",
+            "test_loss_gap",
             "final",
             "test split: final-answer loss (nats/token) given the model's own chain minus given the method's gold "
             "evaluation chain (Alg. 1 / MTP with lam < 1: the compressed chain; Implicit CoT: the empty chain); "
@@ -153,9 +153,9 @@ METRICS: dict[str, Metric] = {
             "tf_star with last_target=star; theta_T: infer_loss - tf_loss with gd)",
         ),
         Metric(
-            "final_eaf",
+            "test_eaf",
             "final",
-            "the eaf measure on the first eval.eaf_examples test examples, final model, same chain (eval.eaf_chain)",
+            "the val_eaf measure on the first eval.eaf_examples test examples, final model, same chain (eval.eaf_chain)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on test prompts",
         ),
         Metric(

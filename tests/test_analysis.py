@@ -59,7 +59,7 @@ def rec(
         **{k: str(v) for k, v in extra.items()},
     }
     metrics = {"val_acc": val[-1]} if val else {}
-    for k, v in (("final_eaf", eaf), ("test_acc", test), ("test_long_acc", long)):
+    for k, v in (("test_eaf", eaf), ("test_acc", test), ("test_long_acc", long)):
         if v is not None:
             metrics[k] = v
     return TrialRecord(
@@ -97,7 +97,7 @@ def test_frame_types_and_best_epoch():
 
 def test_selection_ties_go_to_lower_validation_eaf():
     """Selection reads validation numbers only: ties go to the lower last-epoch validation EAF
-    (`eaf`), never to the test EAF (`final_eaf`)."""
+    (`val_eaf`), never to the test EAF (`test_eaf`)."""
     trials = trials_frame(
         [
             rec("t1", lr=1e-3, val=(0.8,), eaf=1.0),  # lowest test EAF, but its validation EAF is higher
@@ -108,7 +108,7 @@ def test_selection_ties_go_to_lower_validation_eaf():
         ]
     )
     val_eaf = {"t1": 5.0, "t2": 3.0, "t3": 1.0, "t4": 1.0, "t5": 1.0}
-    trials = trials.with_columns(eaf=pl.col("trial_id").replace_strict(val_eaf, return_dtype=pl.Float64))
+    trials = trials.with_columns(val_eaf=pl.col("trial_id").replace_strict(val_eaf, return_dtype=pl.Float64))
     assert select_best(trials)["trial_id"].to_list() == ["t2"]
 
 
@@ -145,7 +145,7 @@ def test_missing_cells_are_marked():
     assert t3.note and t4.note and t3.display["Bound"].to_list() == [MISSING, MISSING]
     # no EAF at all, then no SFT-CoT EAF: reduction factors missing, with a note
     assert "EAF" in eaf_reduction(trials).note
-    only_alg1 = trials.with_columns(final_eaf=pl.when(pl.col("method") == "alg1").then(2.0))
+    only_alg1 = trials.with_columns(test_eaf=pl.when(pl.col("method") == "alg1").then(2.0))
     red = eaf_reduction(only_alg1)
     assert "sft_cot" in red.note and (red.display.drop("Method") == MISSING).to_numpy().all()
 
@@ -283,10 +283,10 @@ def test_ray_dir(tmp_path):
             )
         )
         lines = [
-            {"epoch": e + 1, "val_acc": v, "eaf": 2.0, "training_iteration": e + 1, "trial_id": f"t{i}"}
+            {"epoch": e + 1, "val_acc": v, "val_eaf": 2.0, "training_iteration": e + 1, "trial_id": f"t{i}"}
             for e, v in enumerate(val)
         ]
-        lines[-1].update(test_acc=test, final_eaf=3.0, done=True)
+        lines[-1].update(test_acc=test, test_eaf=3.0, done=True)
         (d / "result.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     loaded = load_ray(tmp_path, "dijkstra")
     df = loaded.trials
@@ -334,12 +334,12 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
         metrics = [
             mlflow.entities.Metric(k, v, 0, e + 1)
             for e, v in enumerate(vals)
-            for k, v in (("val_acc", v), ("eaf", 5.0 - e), ("train_loss", 1.0 / (e + 1)), ("epoch_time_s", 1.0))
+            for k, v in (("val_acc", v), ("val_eaf", 5.0 - e), ("train_loss", 1.0 / (e + 1)), ("epoch_time_s", 1.0))
         ]
         last = len(vals)
         metrics += [
             mlflow.entities.Metric(k, v, 0, last)
-            for k, v in (("test_acc", test), ("test_long_acc", test / 2), ("loss_gap", 0.3), ("final_eaf", 4.0 - i))
+            for k, v in (("test_acc", test), ("test_long_acc", test / 2), ("test_loss_gap", 0.3), ("test_eaf", 4.0 - i))
         ]
         client.log_batch(rid, metrics=metrics, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
         client.log_dict(rid, {**params, "seed": seed, "lr": 1e-3}, "trial_config.json")
@@ -391,7 +391,7 @@ def test_report_from_ray_dir_through_cli_register(tmp_path):
     d = tmp_path / "ray" / "dijkstra" / "trainable_0"
     d.mkdir(parents=True)
     (d / "params.json").write_text(json.dumps({"task": "dijkstra", "method": "alg1", "seed": 0, "bits": 2, "lam": 0.5}))
-    (d / "result.json").write_text(json.dumps({"val_acc": 0.5, "eaf": 2.0, "test_acc": 0.4, "trial_id": "x"}) + "\n")
+    (d / "result.json").write_text(json.dumps({"val_acc": 0.5, "val_eaf": 2.0, "test_acc": 0.4, "trial_id": "x"}) + "\n")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))  # how `python -m stabray report` mounts it
     args = parser.parse_args(

@@ -69,9 +69,9 @@ def test_alg1_is_measured_on_its_compressed_chain(alg1_run):
     assert [len(e.step_spans) for e in enc] == [keep_count(len(x.steps), 0.5) for x in exs]
     for e, x in zip(enc, exs):
         assert e == run.encoder.encode(x.question, run.method.eval_steps(x), x.final)
-    # final_eaf = the estimator on exactly these encodings
+    # test_eaf = the estimator on exactly these encodings
     want = estimate_eaf(run.model, enc, iters=3, token_cap=8).eaf
-    assert run.final()["final_eaf"] == pytest.approx(want, rel=1e-6)
+    assert run.final()["test_eaf"] == pytest.approx(want, rel=1e-6)
     # the loss gap's gold prefix is the compressed chain
     res = run.evaluate("test", loss_gap=True)
     gens = run.method.generate(run.model, run.encoder, [x.question for x in run.data["test"]], max_new(run, "test"))
@@ -114,10 +114,10 @@ def test_methods_without_a_chain_log_no_eaf_and_no_table(method, cache_dir, tmp_
 
     run = TrialRun(config(cache_dir, method, {}))
     m = run.epoch()
-    assert "eaf" not in m
+    assert "val_eaf" not in m
     final = run.final()
-    assert "final_eaf" not in final
-    assert ("loss_gap" in final) == (method == "implicit_cot")  # No CoT: both prefixes are the prompt
+    assert "test_eaf" not in final
+    assert ("test_loss_gap" in final) == (method == "implicit_cot")  # No CoT: both prefixes are the prompt
     assert run.final_stability() == {} and not run.has_decomposition
     run.save(tmp_path / "ck")
     assert main(["stability", str(tmp_path / "ck"), "--n", "4", "--out", str(tmp_path / "out")]) == 0

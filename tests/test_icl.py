@@ -94,7 +94,7 @@ def test_trained_linear_jacobian_matches_theory(tmp_path):
 def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     run = make_run(_cfg(tmp_path, epochs=1))
     m = run.epoch()
-    assert {"train_loss", "val_acc", "eaf"} <= m.keys()
+    assert {"train_loss", "val_acc", "val_eaf"} <= m.keys()
     m.update(run.final())
     m.update(run.best_epoch())
     m.update(run.final_stability())
@@ -159,7 +159,7 @@ def test_last_cot_label_is_theta_star(tmp_path):
 def test_quadratic_runner_one_epoch(tmp_path):
     run = make_run(_cfg(tmp_path, name="icl_quadratic", epochs=1, n=40, d=4))
     m = run.epoch()
-    assert np.isfinite(m["train_loss"]) and np.isfinite(m["eaf"])
+    assert np.isfinite(m["train_loss"]) and np.isfinite(m["val_eaf"])
 
 
 def test_icl_figures_from_metrics(tmp_path):
@@ -360,10 +360,10 @@ def test_sweep_summary_speaks_of_icl_metrics(capsys):
             "test_long_acc": acc,
             "val_loss": 1e-6 * (i + 1),
             "test_infer_loss": 3e-4,
-            "eaf": 18.4,
-            "final_eaf": 18.7,
+            "val_eaf": 18.4,
+            "test_eaf": 18.7,
             "jac_err_max": 0.011,
-            "loss_gap": 2e-4,
+            "test_loss_gap": 2e-4,
         }
         records.append(TrialRecord(f"t{i}", params, metrics, [(8, acc)], "FINISHED", config=config))
     df = print_summary(spec, records, {"tracking_uri": "sqlite:////x.db", "experiment": "icl_quadratic"}, 60.0)
@@ -372,7 +372,7 @@ def test_sweep_summary_speaks_of_icl_metrics(capsys):
     assert df["seed"].to_list() == [8, 7] and df["init_gain"].to_list() == [0.5, 0.5]  # the searched paths
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("trial "))
-    for col in ("init_gain", "seed", "val_loss", "test_infer_loss", "jac_err_max", "final_eaf"):
+    for col in ("init_gain", "seed", "val_loss", "test_infer_loss", "jac_err_max", "test_eaf"):
         assert col in header
     assert " 2.00e-06 " in next(line for line in lines if line.startswith("t1 "))  # not 0.000
     assert "lam" not in header and "bits" not in header

@@ -110,10 +110,14 @@ def test_kill_running_marks_the_sweep_and_its_running_trials(store):
 def test_nan_and_inf_metrics_are_logged_not_dropped(store):
     parent = store.start_parent("x", "x-1", {})
     rid = store.start_child(parent, "t0", "t0", {"lr": 1}, {}, {})
-    n = store.log_metrics(rid, {"eaf": math.nan, "loss_gap": math.inf, "val_acc": 0.5, "note": "text"}, step=1)
+    n = store.log_metrics(rid, {"val_eaf": math.nan, "test_loss_gap": math.inf, "val_acc": 0.5, "note": "text"}, step=1)
     assert n == 3  # the text is not a number; NaN and inf are results
     (rec,), _ = store.trial_records(stability=False)
-    assert math.isnan(rec.metrics["eaf"]) and rec.metrics["loss_gap"] == math.inf and rec.metrics["val_acc"] == 0.5
+    assert (
+        math.isnan(rec.metrics["val_eaf"])
+        and rec.metrics["test_loss_gap"] == math.inf
+        and rec.metrics["val_acc"] == 0.5
+    )
 
 
 def test_outside_a_ray_worker_nothing_starts_ray():

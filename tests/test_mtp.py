@@ -161,7 +161,7 @@ def test_mtp_trial_trains_and_checkpoints(cache_dir, tmp_path):
     ms = [run.epoch() for _ in range(4)]
     losses = [m["train_loss"] for m in ms]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-    assert np.isfinite(ms[-1]["eaf"]) and 0.0 <= ms[-1]["val_acc"] <= 1.0
+    assert np.isfinite(ms[-1]["val_eaf"]) and 0.0 <= ms[-1]["val_acc"] <= 1.0
     run.save(tmp_path / "ck")
     back = load_run(tmp_path / "ck")
     for a, b in zip(run.model.mtp_heads.parameters(), back.model.mtp_heads.parameters()):

@@ -125,7 +125,7 @@ def test_eaf_stopper_on_a_synthetic_stream_matches_a_hand_computation():
             acc = round(rng.uniform(0.1, 0.9), 2)
             history.append((t, epoch, eaf, acc))
             expect = hand_rule(history, t, epoch, eaf, acc, factor, top, grace, min_trials)
-            got = stopper(t, {"epoch": epoch, "training_iteration": epoch, "eaf": eaf, "val_acc": acc})
+            got = stopper(t, {"epoch": epoch, "training_iteration": epoch, "val_eaf": eaf, "val_acc": acc})
             assert got == expect, (t, epoch, eaf, acc)
             if got:
                 alive[t] = False
@@ -138,15 +138,15 @@ def test_eaf_stopper_spares_the_top_fraction_and_missing_eaf():
     from stabray.tune.eaf_stop import EafStopper
 
     s = EafStopper(factor=2.0, top_fraction=0.5, grace=1, min_trials=3)
-    assert not s("a", {"epoch": 1, "eaf": 1.0, "val_acc": 0.1})
-    assert not s("b", {"epoch": 1, "eaf": 1.0, "val_acc": 0.2})
+    assert not s("a", {"epoch": 1, "val_eaf": 1.0, "val_acc": 0.1})
+    assert not s("b", {"epoch": 1, "val_eaf": 1.0, "val_acc": 0.2})
     # median(1, 1, 10) = 1, 10 > 2: but acc 0.9 is the best of 3 -> protected
-    assert not s("c", {"epoch": 1, "eaf": 10.0, "val_acc": 0.9})
+    assert not s("c", {"epoch": 1, "val_eaf": 10.0, "val_acc": 0.9})
     # median(1, 1, 10, 10) = 5.5, 12 > 11; acc 0.05: 3 better of 4, ceil(0.5 * 4) = 2 -> stopped
-    assert s("d", {"epoch": 1, "eaf": 12.0, "val_acc": 0.05})
+    assert s("d", {"epoch": 1, "val_eaf": 12.0, "val_acc": 0.05})
     assert not s("e", {"epoch": 1, "val_acc": 0.0})  # no EAF (a method without a chain): never stopped
-    assert not s("f", {"epoch": 1, "eaf": float("nan"), "val_acc": 0.0})
-    assert s("g", {"epoch": 1, "eaf": float("inf"), "val_acc": 0.0})  # overflow counts as exceeding
+    assert not s("f", {"epoch": 1, "val_eaf": float("nan"), "val_acc": 0.0})
+    assert s("g", {"epoch": 1, "val_eaf": float("inf"), "val_acc": 0.0})  # overflow counts as exceeding
     assert s.stopped == {"d": 1, "g": 1}
 
 
@@ -171,10 +171,10 @@ def selection_frame():
             "method": ["alg1"] * len(rows),
             "best_val_acc": [r[1] for r in rows],
             "val_acc": [r[1] for r in rows],
-            "eaf": [r[2] for r in rows],
+            "val_eaf": [r[2] for r in rows],
             "status": [r[3] for r in rows],
         },
-        schema_overrides={"eaf": pl.Float64},
+        schema_overrides={"val_eaf": pl.Float64},
     )
 
 
@@ -234,26 +234,26 @@ def test_multi_objective_spec_validates(tmp_path):
     from stabray.spec import load_spec
 
     spec, _ = load_spec(
-        str(write_spec(tmp_path, {"metrics": ["val_acc", "eaf"], "modes": ["max", "min"], "scheduler": "fifo"}))
+        str(write_spec(tmp_path, {"metrics": ["val_acc", "val_eaf"], "modes": ["max", "min"], "scheduler": "fifo"}))
     )
-    assert spec.search.objectives() == [("val_acc", "max"), ("eaf", "min")] and spec.search.multi
-    single, _ = load_spec(str(write_spec(tmp_path, {"metric": "eaf", "mode": "min"})))
-    assert single.search.objectives() == [("eaf", "min")] and not single.search.multi
+    assert spec.search.objectives() == [("val_acc", "max"), ("val_eaf", "min")] and spec.search.multi
+    single, _ = load_spec(str(write_spec(tmp_path, {"metric": "val_eaf", "mode": "min"})))
+    assert single.search.objectives() == [("val_eaf", "min")] and not single.search.multi
 
 
 @pytest.mark.parametrize(
     "search,field,words",
     [
-        ({"metrics": ["val_acc", "eaf"], "modes": ["max"], "scheduler": "fifo"}, "search", "2 metrics but 1 modes"),
+        ({"metrics": ["val_acc", "val_eaf"], "modes": ["max"], "scheduler": "fifo"}, "search", "2 metrics but 1 modes"),
         (
-            {"metrics": ["val_acc", "val_eaf"], "modes": ["max", "min"], "scheduler": "fifo"},
+            {"metrics": ["val_acc", "test_eaf"], "modes": ["max", "min"], "scheduler": "fifo"},
             "search.metrics.1",
-            "val_eaf",
+            "test_eaf",
         ),
-        ({"metrics": ["val_acc", "eaf"], "modes": ["max", "min"]}, "search.scheduler", "scheduler: fifo"),
+        ({"metrics": ["val_acc", "val_eaf"], "modes": ["max", "min"]}, "search.scheduler", "scheduler: fifo"),
         ({"modes": ["max", "min"]}, "search", "without metrics"),
         ({"metrics": ["val_acc"], "modes": ["max"], "scheduler": "fifo"}, "search", "at least two"),
-        ({"metrics": ["val_acc", "eaf"], "modes": ["max", "up"], "scheduler": "fifo"}, "search.modes.1", ""),
+        ({"metrics": ["val_acc", "val_eaf"], "modes": ["max", "up"], "scheduler": "fifo"}, "search.modes.1", ""),
         ({"eaf_stop": {"factor": 0.5}}, "search.eaf_stop.factor", ""),
     ],
 )
@@ -284,7 +284,7 @@ def test_two_objective_sweep_through_the_cli_writes_the_front(tmp_path, monkeypa
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     path = write_spec(
         tmp_path,
-        {"metrics": ["val_acc", "eaf"], "modes": ["max", "min"], "scheduler": "fifo", "eaf_stop": {"grace": 1}},
+        {"metrics": ["val_acc", "val_eaf"], "modes": ["max", "min"], "scheduler": "fifo", "eaf_stop": {"grace": 1}},
         model={"preset": "mini"},
         train={"epochs": 1, "batch_size": 16, "warmup_steps": 1},
     )
@@ -293,19 +293,19 @@ def test_two_objective_sweep_through_the_cli_writes_the_front(tmp_path, monkeypa
     assert rc == 0
     out = capsys.readouterr().out
     assert "== sweep mini: 3 trials (0 failed)" in out
-    assert "front: * = on the Pareto front of val_acc (max), eaf (min)" in out
+    assert "front: * = on the Pareto front of val_acc (max), val_eaf (min)" in out
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("mini")
     parent = next(r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("stabray.role") == "sweep")
-    assert parent.data.params["objectives"] == "val_acc:max,eaf:min" and parent.data.params["sampler"] == "nsga2"
+    assert parent.data.params["objectives"] == "val_acc:max,val_eaf:min" and parent.data.params["sampler"] == "nsga2"
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
     assert {"pareto/front.md", "pareto/front.csv"} <= logged
     assert "plots/pareto_front.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
     summary = Path(client.download_artifacts(parent.info.run_id, "summary.md", str(tmp_path))).read_text()
     header = next(line for line in summary.splitlines() if line.startswith("| trial"))
     assert [c.strip() for c in header.strip("|").split("|")][:2] == ["trial", "front"]
-    assert "`front`: * = on the Pareto front of val_acc (max), eaf (min)." in summary
+    assert "`front`: * = on the Pareto front of val_acc (max), val_eaf (min)." in summary
 
     assert (
         main(
@@ -326,10 +326,10 @@ def test_two_objective_sweep_through_the_cli_writes_the_front(tmp_path, monkeypa
     )
     front = pl.read_csv(tmp_path / "rep" / "pareto_front.csv")
     trials = pl.read_csv(tmp_path / "rep" / "trials.csv")
-    points = [[r["val_acc"], r["eaf"]] for r in trials.iter_rows(named=True)]
+    points = [[r["val_acc"], r["val_eaf"]] for r in trials.iter_rows(named=True)]
     on = [n for n, f in zip(trials["name"], brute_front(points, ["max", "min"])) if f]
     assert sorted(front["name"].to_list()) == sorted(on) and len(on) >= 1
     readme = (tmp_path / "rep" / "README.md").read_text()
-    assert "Selection rule (`--select knee`)" in readme and "Pareto front of val_acc (max), eaf (min)" in readme
+    assert "Selection rule (`--select knee`)" in readme and "Pareto front of val_acc (max), val_eaf (min)" in readme
     assert (tmp_path / "rep" / "pareto_front.png").stat().st_size > 0
     assert FRONT not in front.columns  # the table shows members, not the mask

@@ -67,9 +67,15 @@ def test_asha_stopped_trials_in_mlflow_and_console(tmp_path, capsys):
 
         acc, epochs = val_acc[config["method"]["params"]["lam"]], config["train"]["epochs"]
         for epoch in range(1, epochs + 1):
-            m = {"val_acc": acc, "eaf": 1.0 + epoch, "train_loss": 1.0 / epoch, "epoch": epoch, "epoch_time_s": 0.01}
+            m = {
+                "val_acc": acc,
+                "val_eaf": 1.0 + epoch,
+                "train_loss": 1.0 / epoch,
+                "epoch": epoch,
+                "epoch_time_s": 0.01,
+            }
             if epoch == epochs:
-                m.update(test_acc=acc, final_eaf=2.5, best_val_acc=acc)
+                m.update(test_acc=acc, test_eaf=2.5, best_val_acc=acc)
             tune.report(m)
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -152,15 +158,15 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     )
     store.set_runs_view(view_columns(spec), order_by="metrics.val_acc")
     trials = [  # (lam, bits, lr, val_acc per epoch, final metrics or None when ASHA stopped it)
-        (0.2, 4, 0.003, [0.3, 0.5, 0.8], {"test_acc": 0.75, "final_eaf": 3.2}),
+        (0.2, 4, 0.003, [0.3, 0.5, 0.8], {"test_acc": 0.75, "test_eaf": 3.2}),
         (1.0, 32, 0.002, [0.2, 0.1], None),
-        (0.5, 2, 0.005, [0.4, 0.6, 0.7], {"test_acc": 0.65, "final_eaf": 4.1}),
+        (0.5, 2, 0.005, [0.4, 0.6, 0.7], {"test_acc": 0.65, "test_eaf": 4.1}),
     ]
     for i, (lam, bits, lr, accs, final) in enumerate(trials):
         params = {"task": "dijkstra", "method": "alg1", "lam": lam, "bits": bits, "lr": lr, "seed": 0}
         rid = store.start_child(parent, f"t{i}", f"alg1-lam{lam}-b{bits}-s0", params, {}, {})
         for e, acc in enumerate(accs, start=1):
-            store.log_metrics(rid, {"val_acc": acc, "eaf": 1.0 + e, "epoch_time_s": 1.0}, step=e)
+            store.log_metrics(rid, {"val_acc": acc, "val_eaf": 1.0 + e, "epoch_time_s": 1.0}, step=e)
         if final:
             store.log_metrics(rid, {**final, "best_val_acc": max(accs)}, step=len(accs))
             store.end(rid)
@@ -177,7 +183,7 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     assert p["space.lam"] == "choice 0.1, 0.2, 0.5, 1.0" and p["space.lr"].startswith("loguniform")
     assert p["task"] == "dijkstra" and p["n_nodes"] == "4" and p["epochs"] == "12"
     assert (p["lam"], p["bits"], p["lr"]) == ("0.2", "4", "0.003")  # the best trial's values
-    assert m["val_acc"] == 0.8 and m["test_acc"] == 0.75 and m["final_eaf"] == 3.2
+    assert m["val_acc"] == 0.8 and m["test_acc"] == 0.75 and m["test_eaf"] == 3.2
     assert tags["stabray.best_trial"] == "alg1-lam0.2-b4-s0"
     note = tags["mlflow.note.content"]
     assert note.startswith("**Result**: sweep dijkstra: 3 trials (0 failed), 2 finished, 1 stopped early")

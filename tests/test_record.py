@@ -72,7 +72,7 @@ def test_every_key_a_text_trial_reports_is_declared(tmp_path):
     keys = _reported_keys(run)
     undeclared = {k for k in keys if not is_metric(k) and k != STABILITY_TABLE}
     assert not undeclared, f"declare these in stabray.record.METRICS: {sorted(undeclared)}"
-    assert {"val_acc", "eaf", "test_acc", "final_eaf", "loss_gap", STABILITY_TABLE} <= keys
+    assert {"val_acc", "val_eaf", "test_acc", "test_eaf", "test_loss_gap", STABILITY_TABLE} <= keys
 
 
 def test_every_key_an_icl_trial_reports_is_declared():
@@ -97,7 +97,7 @@ def test_search_metrics_come_from_the_record(tmp_path):
     from stabray.record import searchable_metrics
     from stabray.spec import load_spec
 
-    assert {"val_acc", "eaf", "train_loss"} <= set(searchable_metrics())
+    assert {"val_acc", "val_eaf", "train_loss"} <= set(searchable_metrics())
     assert not {"epoch_time_s", "test_acc"} & set(searchable_metrics())  # timings and final metrics: no
     with pytest.raises(SpecError, match="search.metric"):
         load_spec("dijkstra", {"search.metric": "epoch_time_s"})

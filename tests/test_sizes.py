@@ -206,7 +206,7 @@ def test_closing_table_puts_floors_under_the_accuracies(tmp_path):
     floor = show.filter(pl.col("trial") == FLOOR_ROW).row(0, named=True)
     assert show.height == 3 and show["trial"][-1] == FLOOR_ROW
     assert (floor["test_acc"], floor["test_acc_n5"], floor["test_acc_n6"]) == (0.84, 0.6, 0.4)
-    assert floor["val_acc"] == floor["best_val_acc"] == 0.8 and floor["eaf"] is None
+    assert floor["val_acc"] == floor["best_val_acc"] == 0.8 and floor["val_eaf"] is None
 
 
 def test_sized_metrics_round_trip_through_mlflow(tmp_path):

@@ -59,11 +59,11 @@ def test_mini_sweep_logs_parent_and_children(tmp_path, monkeypatch, capsys):
         assert {"task", "method", "lam", "bits", "lr", "seed", "model"} <= set(c.data.params)
         assert float(c.data.params["lam"]) in (0.1, 0.2, 0.5, 1.0)
         assert int(c.data.params["bits"]) in (1, 2, 3, 4, 32)
-        assert {"val_acc", "eaf", "train_loss"} <= set(c.data.metrics)
+        assert {"val_acc", "val_eaf", "train_loss"} <= set(c.data.metrics)
         hist = client.get_metric_history(c.info.run_id, "val_acc")
         assert sorted(m.step for m in hist) == list(range(1, len(hist) + 1))  # one value per epoch
         if c.data.metrics.get("test_acc") is not None:  # ran every epoch (ASHA may stop one)
-            assert {"test_long_acc", "loss_gap", "final_eaf"} <= set(c.data.metrics)
+            assert {"test_long_acc", "test_loss_gap", "test_eaf"} <= set(c.data.metrics)
         cfg = json.loads(Path(client.download_artifacts(c.info.run_id, "trial_config.json", str(tmp_path))).read_text())
         assert cfg["task"]["name"] == "dijkstra"
         ckpt = Path(c.data.tags["stabray.checkpoint"])  # the run points at its latest checkpoint

@@ -40,8 +40,8 @@ def test_trial_trains_and_evaluates(cache_dir):
     losses = [run.epoch()["train_loss"] for _ in range(3)]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     final = run.final()
-    assert set(final) >= {"test_acc", "test_long_acc", "loss_gap"}
-    assert 0.0 <= final["test_acc"] <= 1.0 and np.isfinite(final["loss_gap"])
+    assert set(final) >= {"test_acc", "test_long_acc", "test_loss_gap"}
+    assert 0.0 <= final["test_acc"] <= 1.0 and np.isfinite(final["test_loss_gap"])
     # every prediction is text the task can score (may be wrong, must not crash)
     res = run.evaluate("val")
     assert res.n == 16 and len(res.predictions) == 16
@@ -151,9 +151,9 @@ def test_eaf_every_measures_every_kth_and_the_last_epoch(cache_dir):
     for _ in range(3):
         m, ref = run.epoch(), every.epoch()
         assert m["train_loss"] == ref["train_loss"]  # skipping the EAF leaves training unchanged
-        got.append(m.get("eaf"))
+        got.append(m.get("val_eaf"))
         if m["epoch"] == 2:  # the first measured epoch starts the power iteration cold
             cold = estimate_eaf(run.model, run.eval_encoded("val", 4), iters=3, token_cap=8, method=run.method)
-            assert m["eaf"] == pytest.approx(cold.eaf, rel=1e-6)
+            assert m["val_eaf"] == pytest.approx(cold.eaf, rel=1e-6)
     assert got[0] is None and got[1] is not None and got[2] is not None
-    assert [h.get("eaf") is not None for h in run.history] == [False, True, True]
+    assert [h.get("val_eaf") is not None for h in run.history] == [False, True, True]

@@ -348,7 +348,7 @@ class ICLRun(Runner):
         )
         if ev.eaf_examples and self.eaf_due:
             t0 = time.perf_counter()
-            m["eaf"] = self.stability("val", ev.eaf_examples)["eaf"][-1]
+            m["val_eaf"] = self.stability("val", ev.eaf_examples)["eaf"][-1]
             m["eaf_time_s"] = time.perf_counter() - t0
         m["epoch"] = self.trainer.epoch
         self.history.append({k: float(v) for k, v in m.items()})
@@ -369,10 +369,10 @@ class ICLRun(Runner):
         }
         out: dict[str, float] = {
             "test_acc": c["acc"][-1],
-            "loss_gap": self._infer_tf_last(c)[0] - self._infer_tf_last(c)[1],
+            "test_loss_gap": self._infer_tf_last(c)[0] - self._infer_tf_last(c)[1],
             "test_infer_loss": c["infer_loss"][-1],
             "test_infer_star": c["infer_star"][-1],
-            "final_eaf": s["eaf"][-1],
+            "test_eaf": s["eaf"][-1],
             "jac_err_max": max(s["jac_err"]),
         }
         for k, vals in curves.items():

@@ -188,7 +188,7 @@ class TrialRun(Runner):
         t0 = time.perf_counter()
         e = self.eaf("val") if self.eaf_due else None
         if e is not None:
-            m["eaf"] = e
+            m["val_eaf"] = e
             m["eaf_time_s"] = time.perf_counter() - t0
         m["epoch"] = self.trainer.epoch
         self.history.append({k: v for k, v in m.items() if isinstance(v, float | int)})
@@ -203,13 +203,13 @@ class TrialRun(Runner):
         t = self.evaluate("test", loss_gap=ev.loss_gap and self.method.chain_at_eval)
         out: dict[str, float] = {"test_acc": t.acc}
         if t.loss_gap is not None:
-            out["loss_gap"] = t.loss_gap
+            out["test_loss_gap"] = t.loss_gap
         for s in self.long_splits:
             out[acc_metric(s)] = self.evaluate(s).acc
         out.update(self.trivial_accuracy())
         e = self.eaf("test")
         if e is not None:
-            out["final_eaf"] = e
+            out["test_eaf"] = e
         return out
 
     def trivial_accuracy(self) -> dict[str, float]:

@@ -19,7 +19,7 @@ from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, STOPPED_AT, STOPPED_BY
 from stabray.tune.eaf_stop import STOPPER_WORDS
 
-CURVES = ("train_loss", "val_acc", "eaf")  # per-epoch metrics in each trial's plots/curves.png
+CURVES = ("train_loss", "val_acc", "val_eaf")  # per-epoch metrics in each trial's plots/curves.png
 
 
 class MLflowTuneCallback(Callback):
@@ -166,7 +166,7 @@ class MLflowTuneCallback(Callback):
             )
         else:
             outcome = f"**Finished** all {epochs} epochs."
-        shown = [k for k in ("val_acc", "best_val_acc", "test_acc", "eaf", "final_eaf") if k in last]
+        shown = [k for k in ("val_acc", "best_val_acc", "test_acc", "val_eaf", "test_eaf") if k in last]
         numbers = ", ".join(f"{k} {last[k]:.3f}" for k in shown if isinstance(last[k], (int, float)))
         self.store.set_description(
             rid,

@@ -1,7 +1,7 @@
 """What a sweep prints while it runs: one live view instead of Ray's per-trial boxes.
 
 On a terminal it is a `rich` live display: a progress bar over trials and one over trial-epochs, and a
-table of the running and ended trials (name, epoch, val_acc, best val_acc, eaf, state: running,
+table of the running and ended trials (name, epoch, val_acc, best val_acc, val_eaf, state: running,
 stopped by ASHA at epoch k, finished, failed). Elsewhere (a log file, a pipe, CI) it prints one line
 per event instead: trial started, epoch reported, trial ended. Lines stay within `WIDTH` characters.
 
@@ -42,8 +42,8 @@ class TrialRow:
         if _num(result.get("val_acc")):
             self.val_acc = float(result["val_acc"])
             self.best = self.val_acc if self.best is None else max(self.best, self.val_acc)
-        if _num(result.get("eaf")):
-            self.eaf = float(result["eaf"])
+        if _num(result.get("val_eaf")):
+            self.eaf = float(result["val_eaf"])
 
 
 def _num(v: Any) -> bool:
@@ -151,7 +151,7 @@ class SweepConsole(Callback):
         epochs = Text(f"trial-epochs {bar(done, budget)} {done}/{budget}")
         table = Table(box=None, pad_edge=False, header_style="bold")
         for col, justify in (("#", "right"), ("trial", "left"), ("epoch", "right"), ("val_acc", "right"),
-                             ("best", "right"), ("eaf", "right"), ("state", "left")):  # fmt: skip
+                             ("best", "right"), ("val_eaf", "right"), ("state", "left")):  # fmt: skip
             table.add_column(col, justify=justify, no_wrap=True, overflow="ellipsis")
         rows = sorted(self.rows.values(), key=lambda r: (r.ended, -(r.best or -1), r.index))
         for r in rows[:MAX_ROWS]:
@@ -192,7 +192,7 @@ class SweepConsole(Callback):
         ended, done, budget = self.counts()
         self.line(
             f"[{self.clock()}] {row.name}  epoch {row.epoch:>2}/{row.max_epochs}  val_acc {_fmt(row.val_acc)}  "
-            f"eaf {_fmt(row.eaf)}  [trial-epochs {done}/{budget}]"
+            f"val_eaf {_fmt(row.eaf)}  [trial-epochs {done}/{budget}]"
         )
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -209,7 +209,7 @@ class SweepConsole(Callback):
         else:
             row.state = "finished"
             extra = f"val_acc {_fmt(row.val_acc)}  test_acc {_fmt(last.get('test_acc'))}  "
-            extra += f"final_eaf {_fmt(last.get('final_eaf') if _num(last.get('final_eaf')) else None)}"
+            extra += f"test_eaf {_fmt(last.get('test_eaf') if _num(last.get('test_eaf')) else None)}"
         ended, _, _ = self.counts()
         self.line(f"[{self.clock()}] {row.name}  {row.state}: {extra}  [{ended}/{self.total} trials ended]")
 

@@ -24,13 +24,13 @@ from ray.tune import Stopper
 
 STOPPER_WORDS = {"asha": "ASHA", "eaf_stop": "the EAF rule"}  # tag stabray.stopped_by -> words
 ACC = "val_acc"
-EAF = "eaf"
+EAF = "val_eaf"
 
 
 class EafStopper(Stopper):
     def __init__(self, factor: float = 3.0, top_fraction: float = 0.25, grace: int = 2, min_trials: int = 3):
         self.factor, self.top_fraction, self.grace, self.min_trials = factor, top_fraction, grace, min_trials
-        self.eafs: dict[int, dict[str, float]] = {}  # epoch -> {trial_id: eaf}
+        self.eafs: dict[int, dict[str, float]] = {}  # epoch -> {trial_id: val_eaf}
         self.accs: dict[int, dict[str, float]] = {}  # epoch -> {trial_id: val_acc}
         self.stopped: dict[str, int] = {}  # trial_id -> epoch it was stopped after
 
@@ -43,24 +43,24 @@ class EafStopper(Stopper):
         if epoch is None:
             return False
         epoch = int(epoch)
-        eaf, acc = _num(result.get(EAF)), _num(result.get(ACC))
-        if eaf is not None and not math.isnan(eaf):
-            self.eafs.setdefault(epoch, {})[trial_id] = eaf
+        val_eaf, acc = _num(result.get(EAF)), _num(result.get(ACC))
+        if val_eaf is not None and not math.isnan(val_eaf):
+            self.eafs.setdefault(epoch, {})[trial_id] = val_eaf
         if acc is not None and not math.isnan(acc):
             self.accs.setdefault(epoch, {})[trial_id] = acc
-        if self.should_stop(trial_id, epoch, eaf, acc):
+        if self.should_stop(trial_id, epoch, val_eaf, acc):
             self.stopped[trial_id] = epoch
             return True
         return False
 
-    def should_stop(self, trial_id: str, epoch: int, eaf: float | None, acc: float | None) -> bool:
-        if epoch < self.grace or eaf is None or math.isnan(eaf):
+    def should_stop(self, trial_id: str, epoch: int, val_eaf: float | None, acc: float | None) -> bool:
+        if epoch < self.grace or val_eaf is None or math.isnan(val_eaf):
             return False
         peers = list(self.eafs.get(epoch, {}).values())
         if len(peers) < self.min_trials:
             return False
         median = statistics.median(peers)
-        if not eaf > self.factor * median:  # inf > x is True; a median of inf protects everyone
+        if not val_eaf > self.factor * median:  # inf > x is True; a median of inf protects everyone
             return False
         if acc is not None and not math.isnan(acc):
             accs = list(self.accs.get(epoch, {}).values())

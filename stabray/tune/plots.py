@@ -25,7 +25,7 @@ def _plt():
 
 
 def trial_curves(histories: dict[str, list[tuple[int, float]]], title: str = ""):
-    """One panel per metric (e.g. train_loss, val_acc, eaf) against the epoch; None when empty."""
+    """One panel per metric (e.g. train_loss, val_acc, val_eaf) against the epoch; None when empty."""
     series = {k: v for k, v in histories.items() if v}
     if not series:
         return None
@@ -74,8 +74,8 @@ def sweep_val_acc(trials: list[dict[str, Any]], epochs: int | None = None):
 
 
 def accuracy_vs_eaf(points: list[dict[str, Any]]):
-    """Accuracy against the EAF (dict: acc, eaf, status, label): test_acc and final_eaf for trials
-    that finished, best_val_acc and the last per-epoch eaf for the others."""
+    """Accuracy against the EAF (dict: acc, eaf, status, label): test_acc and test_eaf for trials
+    that finished, best_val_acc and the last per-epoch val_eaf for the others."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     shown = set()
@@ -83,7 +83,7 @@ def accuracy_vs_eaf(points: list[dict[str, Any]]):
         if p["acc"] is None or p["eaf"] is None or not all(map(math.isfinite, (p["acc"], p["eaf"]))):
             continue
         colour, marker = STATUS_STYLE.get(p["status"], ("tab:gray", "."))
-        label = {"FINISHED": "finished: test_acc, final_eaf", "STOPPED": "stopped: best_val_acc, last eaf"}.get(
+        label = {"FINISHED": "finished: test_acc, test_eaf", "STOPPED": "stopped: best_val_acc, last val_eaf"}.get(
             p["status"], p["status"].lower()
         )
         ax.scatter(p["eaf"], p["acc"], color=colour, marker=marker, label=None if label in shown else label)

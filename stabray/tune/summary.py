@@ -18,9 +18,9 @@ from stabray.record import TrialRecord, acc_metric, describe_metric, trials_fram
 # declared in stabray.record (its meaning is printed under the table) or a frame column.
 # "test_long_acc" stands for the task's length-generalization accuracy: test_long_acc (10% larger
 # inputs) by default, every test_acc_n<k> when the task gives explicit long_sizes (metric_columns).
-TEXT_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "eaf", "final_eaf", "loss_gap"]
-ICL_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "val_loss", "test_infer_loss", "eaf",
-            "final_eaf", "jac_err_max"]  # fmt: skip
+TEXT_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "val_eaf", "test_eaf", "test_loss_gap"]
+ICL_COLS = ["val_acc", "best_val_acc", "test_acc", "test_long_acc", "val_loss", "test_infer_loss", "val_eaf",
+            "test_eaf", "jac_err_max"]  # fmt: skip
 SCIENTIFIC = ("val_loss", "test_infer_loss")  # squared errors far below 1e-3: 2.00e-06, not 0.000
 FLOOR_ROW = "(best trivial rule)"  # the closing table's last row: each accuracy's floor on the same examples
 # accuracy column -> the metric holding its floor (the sized ones: trivial_<column>)
@@ -140,7 +140,7 @@ def sorted_trials(records: list[TrialRecord], spec=None) -> pl.DataFrame:
     multi-objective sweep the Pareto front's members come first, marked "*" in a `front` column."""
     df = trials_frame(records).rename({"n_epochs": "epochs_run"})
     if df.height:
-        df = df.sort(["best_val_acc", "val_acc", "final_eaf"], descending=[True, True, False], nulls_last=True)
+        df = df.sort(["best_val_acc", "val_acc", "test_eaf"], descending=[True, True, False], nulls_last=True)
     if spec is not None and spec.search.multi and df.height:
         df = mark_front(df, spec.search.objectives())
         df = df.sort(FRONT, descending=True, maintain_order=True).with_columns(
@@ -154,7 +154,7 @@ def status_counts(df: pl.DataFrame) -> dict[str, int]:
 
 
 def objectives_text(spec) -> str:
-    """The objectives in words, like "val_acc (max), eaf (min)"."""
+    """The objectives in words, like "val_acc (max), val_eaf (min)"."""
     return ", ".join(f"{m} ({mode})" for m, mode in spec.search.objectives())
 
 
@@ -447,7 +447,7 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
         points.append(
             {
                 "acc": row.get("test_acc") if finished else row.get("best_val_acc"),
-                "eaf": row.get("final_eaf") if finished and row.get("final_eaf") is not None else row.get("eaf"),
+                "eaf": row.get("test_eaf") if finished and row.get("test_eaf") is not None else row.get("val_eaf"),
                 "status": row["status"] or "FINISHED",
                 "label": row["name"],
             }

@@ -1,8 +1,8 @@
 """The Ray Tune function trainable. Any Ray pipeline can pass it to its own `Tuner` with a config
 dict (the `TrialConfig` layout: task, model, method, train, eval, seed).
 
-Per epoch it reports the runner's per-epoch metrics (train_loss, val_acc, eaf, times); after the last
-epoch also the final ones (test_acc, test_long_acc, test_longer_acc, loss_gap, final_eaf,
+Per epoch it reports the runner's per-epoch metrics (train_loss, val_acc, val_eaf, times); after the last
+epoch also the final ones (test_acc, test_long_acc, test_longer_acc, test_loss_gap, test_eaf,
 best_val_acc, best_epoch; every name is declared in `stabray.record.METRICS`), plus the eq. (4)
 table under `stabray.record.STABILITY_TABLE` when `eval.decomposition_examples` > 0. It checkpoints
 every epoch and resumes from Ray's checkpoint. It uses the GPU Ray assigns, else the CPU.
