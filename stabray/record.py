@@ -155,7 +155,7 @@ METRICS: dict[str, Metric] = {
         Metric(
             "test_eaf",
             "final",
-            "the val_eaf measure on the first eval.eaf_examples test examples, final model, same chain (eval.eaf_chain)",
+            "val_eaf's measure on the first eval.eaf_examples test examples, final model, same chain (eval.eaf_chain)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on test prompts",
         ),
         Metric(

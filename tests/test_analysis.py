@@ -391,7 +391,8 @@ def test_report_from_ray_dir_through_cli_register(tmp_path):
     d = tmp_path / "ray" / "dijkstra" / "trainable_0"
     d.mkdir(parents=True)
     (d / "params.json").write_text(json.dumps({"task": "dijkstra", "method": "alg1", "seed": 0, "bits": 2, "lam": 0.5}))
-    (d / "result.json").write_text(json.dumps({"val_acc": 0.5, "val_eaf": 2.0, "test_acc": 0.4, "trial_id": "x"}) + "\n")
+    result = {"val_acc": 0.5, "val_eaf": 2.0, "test_acc": 0.4, "trial_id": "x"}
+    (d / "result.json").write_text(json.dumps(result) + "\n")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))  # how `python -m stabray report` mounts it
     args = parser.parse_args(
