@@ -140,6 +140,55 @@ def register_icl_figures(subparsers) -> None:
     p.set_defaults(func=_icl_figures)
 
 
+def _reproduce(args) -> int:
+    from analysis.studies import reproduce
+
+    reproduce(
+        args.study,
+        args.profile,
+        seeds=args.seeds,
+        tracking_uri=args.tracking_uri,
+        storage=args.storage,
+        out=args.out,
+        address=args.address,
+        dry_run=args.dry_run,
+    )
+    return 0
+
+
+def register_reproduce(subparsers) -> None:
+    """Add the `reproduce` subcommand: one of the paper's tables, figures or ablations, end to end."""
+    from analysis.studies import DEFAULT_SEEDS, PROFILES, STUDIES
+
+    listing = "\n".join(f"  {name:<22}{s.what}" for name, s in STUDIES.items())
+    p = subparsers.add_parser(
+        "reproduce",
+        help="run (or reuse) the sweeps of one of the paper's tables or figures and write it",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Reuse each sweep the study needs when the MLflow store holds a finished one, else run it; "
+        "select and rerun to n seeds where the study says so; write its tables (md, tex, csv) and figures (png) "
+        "into --out and log them to the run <study>-<profile> of the MLflow experiment 'reproduce'.",
+        epilog=f"studies:\n{listing}\n\nprofiles: laptop (the embedded decoder, tens of minutes each on 2 CPU "
+        "cores), paper (Qwen2.5-1.5B + LoRA, sweeps/paper and sweeps/studies/paper, a GPU cluster)",
+    )
+    p.add_argument("study", help="which study (listed below)")
+    p.add_argument("--profile", default="laptop", help=f"one of {', '.join(PROFILES)} (default laptop)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (trials, trial-epochs, reuse) and stop")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=DEFAULT_SEEDS,
+        help=f"seeds per configuration (default {DEFAULT_SEEDS}): a grid's seed axis, or the reruns of a selection",
+    )
+    p.add_argument(
+        "--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)"
+    )
+    p.add_argument("--storage", default=None, help="where Ray Tune results go (default ./stabray_runs)")
+    p.add_argument("--out", default=None, help="output folder (default ./reports/reproduce-<study>-<profile>)")
+    p.add_argument("--address", default=None, help="Ray cluster address, as `sweep --address` ('local': a fresh one)")
+    p.set_defaults(func=_reproduce)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from stabray.cli import Parser  # errors on one line, exit 2
 
@@ -149,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_rerun(sub)
     register_icl_figures(sub)
     register_table3_study(sub)
+    register_reproduce(sub)
     return parser
 
 

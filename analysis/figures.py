@@ -164,6 +164,124 @@ def accuracy_vs_eaf(trials: pl.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def _selected_rows(trials: pl.DataFrame, decomp: pl.DataFrame, by, rule: Rule) -> pl.DataFrame:
+    """The eq. (4) rows of the finished seeds of each group's selected configuration, with the group's
+    columns `by`."""
+    selected = select_best(trials, by, rule)
+    if decomp.is_empty() or selected.is_empty():
+        return decomp.clear()
+    seeds = seeds_of(trials, selected, by).select([*by, "trial_id"])
+    return decomp.drop([c for c in by if c in decomp.columns]).join(seeds, on="trial_id", how="inner")
+
+
+def _bar(ax, labels: list[str], means: list[float], stds: list[float | None], colors: list[str], ylabel: str) -> None:
+    x = list(range(len(labels)))
+    ax.bar(x, means, yerr=[0.0 if s is None else s for s in stds], color=colors, capsize=3)
+    ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+
+
+def figure1(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path, rule: Rule = BEST) -> Path:
+    """Figure 1 style, one row per task: (a) the loss gap and the eq. (4) bound of SFT-CoT against T
+    (separate axes: the bound is a worst-case one and numerically larger), (b) test accuracy and
+    (c) the test EAF Σρ at T (`test_eaf_at_T`, the eq. (4) table's row at stability_T) per method;
+    bars are means over the selected configuration's finished seeds, whiskers the sample std."""
+    from analysis.select import mean_std
+
+    title = "Figure 1: bound and loss gap against T (SFT-CoT), accuracy and EAF per method"
+    selected = select_best(trials, rule=rule)
+    if selected.is_empty():
+        return _no_data(path, title, "no finished trial")
+    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
+    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
+    colors = _colors(meths)
+    rows = _selected_rows(trials, decomp, ["task", "method"], rule)
+    stats = {
+        metric: {(r["task"], r["method"]): r for r in mean_std(trials, selected, metric).iter_rows(named=True)}
+        for metric in ("test_acc", "test_eaf_at_T")
+        if metric in trials.columns
+    }
+    scale = 1.0 if "test_acc" in trials.columns and (trials["test_acc"].drop_nulls().max() or 0) > 1 else 100.0
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(13, 3.4 * len(tasks)), squeeze=False)
+    for row, task in zip(axes, tasks):
+        ax = row[0]
+        sft = rows.filter((pl.col("task") == task) & (pl.col("method") == "sft_cot")) if rows.height else rows
+        if sft.is_empty():
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, "no SFT-CoT eq. (4) table", ha="center", va="center")
+        else:
+            c = sft.group_by("T").agg(pl.col("loss_gap").mean(), pl.col("bound").mean()).sort("T")
+            ax.plot(c["T"], c["loss_gap"], "-o", color="tab:blue", label="loss gap")
+            ax.set_ylabel("loss gap (nats/token)", color="tab:blue")
+            twin = ax.twinx()
+            twin.plot(c["T"], c["bound"], "--s", color="tab:red", label="bound, eq. (4)")
+            twin.set_ylabel("bound, eq. (4)", color="tab:red")
+            ax.set_xticks(c["T"].to_list())
+            ax.set_xlabel("T (reasoning steps)")
+        ax.set_title(f"{task_label(task)}: SFT-CoT", fontsize=9)
+        for ax, metric, ylabel, k in (
+            (row[1], "test_acc", "test accuracy (%)", scale),
+            (row[2], "test_eaf_at_T", "test EAF Σρ at T (stability_T)", 1.0),
+        ):
+            have = [m for m in meths if (task, m) in stats.get(metric, {})]
+            if not have:
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"no {metric} logged", ha="center", va="center")
+                continue
+            cells = [stats[metric][(task, m)] for m in have]
+            _bar(
+                ax,
+                [method_label(m) for m in have],
+                [c["mean"] * k for c in cells],
+                [None if c["std"] is None else c["std"] * k for c in cells],
+                [colors[m] for m in have],
+                ylabel,
+            )
+            ax.set_title(f"{task_label(task)}: {ylabel.split(' (')[0]} per method", fontsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def figure5(trials: pl.DataFrame, decomp: pl.DataFrame, path: Path, rule: Rule = BEST, methods=("sft_cot",)) -> Path:
+    """Figure 5 style: per task, the loss gap (solid, left axis) and the EAF Σρ (dashed, right axis,
+    log) of the eq. (4) table against T, one colour per model; mean over the selected configuration's
+    finished seeds per (task, method, model), `methods` only (SFT-CoT, as the paper)."""
+    title = "Loss gap and EAF against T per model"
+    by = ["task", "method", "model"]
+    mine = trials.filter(pl.col("method").is_in(list(methods))) if trials.height else trials
+    rows = _selected_rows(mine, decomp, by, rule) if mine.height else decomp.clear()
+    if rows.is_empty():
+        return _no_data(path, title, "no eq. (4) table of the selected configurations")
+    curves = rows.group_by([*by, "T"]).agg(pl.col("loss_gap").mean(), pl.col("eaf").mean()).sort([*by, "T"])
+    tasks = ordered(curves["task"].to_list(), TASK_ORDER)
+    models = sorted(curves["model"].drop_nulls().unique().to_list())
+    colors = _colors(models)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        twin = ax.twinx()
+        for model in models:
+            c = curves.filter((pl.col("task") == task) & (pl.col("model") == model))
+            if c.is_empty():
+                continue
+            ax.plot(c["T"], c["loss_gap"], "-o", color=colors[model])
+            pos = c.filter(pl.col("eaf") > 0)
+            if not pos.is_empty():
+                twin.plot(pos["T"], pos["eaf"], "--s", color=colors[model], alpha=0.7)
+        twin.set_yscale("log")
+        ax.set_xlabel("T (reasoning steps)")
+        ax.set_ylabel("loss gap (solid), nats/token")
+        twin.set_ylabel("EAF Σρ (dashed), log")
+        ax.set_title(task_label(task), fontsize=9)
+    handles = [plt.Line2D([], [], color=colors[m], label=m) for m in models]
+    fig.legend(
+        handles=handles, loc="upper center", ncol=min(len(handles), 4), bbox_to_anchor=(0.5, 1.08), frameon=False
+    )
+    fig.suptitle(title, y=1.12)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def all_figures(trials: pl.DataFrame, decomp: pl.DataFrame, out_dir: str | Path, rule: Rule = BEST) -> list[Path]:
     out = Path(out_dir)
     return [

@@ -24,12 +24,15 @@ class Loaded:
     objectives: str | None = None  # the sweep's "metric:mode,..." (MLflow parent run param), when it recorded one
 
 
-def load_mlflow(experiment: str, tracking_uri: str | None = None, *, stability: bool = True) -> Loaded:
-    """Read every trial (child run) of the experiment; `stability=False` skips the artifacts."""
+def load_mlflow(
+    experiment: str, tracking_uri: str | None = None, *, stability: bool = True, parents: set[str] | None = None
+) -> Loaded:
+    """Read every trial (child run) of the experiment, or only those under `parents` (sweep parent and
+    method-group run ids); `stability=False` skips the artifacts."""
     from stabray.tracking import Store
 
     store = Store.existing(tracking_uri, experiment)
-    records, parent_id = store.trial_records(stability=stability)
+    records, parent_id = store.trial_records(stability=stability, parents=parents)
     objectives = store.params(parent_id).get("objectives") if parent_id else None
     return Loaded(trials_frame(records), decomposition_frame(records), parent_id, objectives=objectives)
 

@@ -7,12 +7,12 @@ configuration already finished are not run again, so the configuration ends with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import polars as pl
 
 from analysis.load import load_mlflow, load_ray, load_trial_config
-from analysis.select import seeds_of, select_best
+from analysis.select import GROUP, seeds_of, select_best
 
 
 def seed_plan(base_seed: int, done: Iterable[int], n_seeds: int) -> list[int]:
@@ -33,11 +33,13 @@ def expand_seeds(config: dict, done: Iterable[int], n_seeds: int) -> list[dict]:
     return [{**config, "seed": s} for s in seed_plan(base, done, n_seeds)]
 
 
-def plan_reruns(trials: pl.DataFrame, configs: dict[str, dict], n_seeds: int = 3) -> list[dict]:
-    """Configs to run: for every selected trial, its config with each missing seed.
-    `configs` maps trial_id -> the trainable config of the selected trials."""
-    selected = select_best(trials)
-    all_seeds = seeds_of(trials, selected)
+def plan_reruns(
+    trials: pl.DataFrame, configs: dict[str, dict], n_seeds: int = 3, by: Sequence[str] = GROUP
+) -> list[dict]:
+    """Configs to run: for every selected trial (one per group `by`), its config with each missing
+    seed. `configs` maps trial_id -> the trainable config of the selected trials."""
+    selected = select_best(trials, by)
+    all_seeds = seeds_of(trials, selected, by)
     out = []
     for r in selected.iter_rows(named=True):
         cfg = configs.get(r["trial_id"])
@@ -57,21 +59,29 @@ def rerun(
     storage: str | None = None,
     ray_dir: str | None = None,
     dry_run: bool = False,
+    *,
+    by: Sequence[str] = GROUP,
+    address: str | None = None,
+    parents: set[str] | None = None,
 ) -> list[dict]:
-    """Plan and (unless `dry_run`) run the re-runs; returns the configs run."""
+    """Plan and (unless `dry_run`) run the re-runs; returns the configs run. One configuration is
+    selected per group `by` (default (task, method)); `parents` restricts the trials read to those
+    sweeps (default: the whole experiment); `address`: the Ray cluster (as `sweep --address`)."""
     from stabray.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     # selection needs no stability artifacts: skip downloading them
-    loaded = load_ray(ray_dir, experiment) if ray_dir else load_mlflow(experiment, uri, stability=False)
-    selected = select_best(loaded.trials)
+    loaded = (
+        load_ray(ray_dir, experiment) if ray_dir else load_mlflow(experiment, uri, stability=False, parents=parents)
+    )
+    selected = select_best(loaded.trials, by)
     configs = dict(loaded.configs)
     for r in selected.iter_rows(named=True):
         if r["trial_id"] not in configs and r["run_id"]:
             cfg = load_trial_config(r["run_id"], experiment, uri)
             if cfg is not None:
                 configs[r["trial_id"]] = cfg
-    todo = plan_reruns(loaded.trials, configs, n_seeds)
+    todo = plan_reruns(loaded.trials, configs, n_seeds, by)
     for c in todo:
         print(f"rerun: task={c.get('task')} method={c.get('method')} seed={c.get('seed')}")
     if not todo:
@@ -79,5 +89,5 @@ def rerun(
     if todo and not dry_run:
         from stabray.tune import run_configs  # pulls in Ray: imported only when there is work
 
-        run_configs(todo, experiment=experiment, tracking_uri=uri, storage=storage)
+        run_configs(todo, experiment=experiment, tracking_uri=uri, storage=storage, address=address)
     return todo

@@ -422,24 +422,29 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: R
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
 
 
-def table4(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: Rule = BEST) -> Table:
+def table4(
+    trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: Rule = BEST, by: Sequence[str] = GROUP
+) -> Table:
     """Bound decomposition at T (5, as the paper; T_max if smaller) per (task, method) selected
-    configuration, on each method's evaluation chain (Coconut: its latent slots)."""
+    configuration (per (task, method, model) with `by` naming the model too: the paper's Table 4
+    compares two base models), on each method's evaluation chain (Coconut: its latent slots)."""
     name, caption = (
         "table4_decomposition",
         f"Decomposition of eq. (4) at T = {T} or T_max if smaller, per method (selected configuration, seed mean)",
     )
     keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
     cols = ["Task", "Model", "Method", "Loss gap", "Bound", "First-order", "Second-order", "C1", "C2", "T", "n"]
-    selected = select_best(trials, rule=rule)
+    by = tuple(by)
+    selected = select_best(trials, by, rule)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", cols)
-    dec = _decomp_means(trials, decomp, selected, GROUP, keys, T)
+    dec = _decomp_means(trials, decomp, selected, by, keys, T)
     tasks = ordered(selected["task"].to_list(), TASK_ORDER)
     meths = ordered(selected["method"].to_list(), PAPER_METHODS)
     disp, data = [], []
-    for r in sorted(selected.iter_rows(named=True), key=lambda r: (tasks.index(r["task"]), meths.index(r["method"]))):
-        d = dec.get((r["task"], r["method"]), {})
+    order = lambda r: (tasks.index(r["task"]), str(r.get("model")), meths.index(r["method"]))  # noqa: E731
+    for r in sorted(selected.iter_rows(named=True), key=order):
+        d = dec.get(tuple(r[c] for c in by), {})
         model = r.get("model")
         vals = {k: d.get(k) for k in keys}
         data.append(
@@ -464,6 +469,120 @@ def _pm(mean, std) -> str:
     if _missing(mean):
         return MISSING
     return fmt_num(mean) if _missing(std) else f"{fmt_num(mean)} ± {fmt_num(std)}"
+
+
+TABLE2_KEYS = [  # (column label, key of the eq. (4) table)
+    ("Loss gap", "loss_gap"),
+    ("Bound", "bound"),
+    ("First-order", "first_order"),
+    ("Second-order", "second_order"),
+    ("C1", "C1"),
+    ("C2", "C2"),
+]
+
+
+def table2(
+    trials: pl.DataFrame,
+    decomp: pl.DataFrame,
+    by: Sequence[str] = ("task", "method", "model"),
+    rule: Rule = BEST,
+    methods: Sequence[str] | None = ("sft_cot",),
+) -> Table:
+    """Table 2 of the paper: the eq. (4) table at every T (loss gap, bound, bound/gap ratio, first- and
+    second-order terms, C1, C2) per model, mean over the finished seeds of each group's selected
+    configuration (groups `by`: task, method and model; a grid of seeds has one configuration per
+    group, so every seed counts). `methods` keeps those methods only (the paper's Table 2 is SFT-CoT;
+    None: all). Ratio = the Bound column / the Loss gap column, as shown; missing where the gap is 0."""
+    name = "table2_decomposition_by_T"
+    caption = (
+        "Decomposition of eq. (4) at every T per model: loss gap |inference loss − loss given the gold prefix| "
+        "(nats/token), bound, ratio bound/gap, first- and second-order terms, C1, C2; mean over seeds"
+    )
+    by = list(by)
+    labels = {"task": "Task", "method": "Method", "model": "Model"}
+    cols = [labels.get(c, c) for c in by] + ["T", "Loss gap", "Bound", "Ratio", *(c for c, _ in TABLE2_KEYS[2:]), "n"]
+    mine = trials if methods is None else trials.filter(pl.col("method").is_in(list(methods)))
+    selected = select_best(mine, by, rule) if mine.height else mine
+    if decomp.is_empty() or selected.is_empty():
+        return _empty(name, caption, "No finished trial with an eq. (4) table.", cols)
+    seeds = seeds_of(mine, selected, by).select([*by, "trial_id"])
+    rows = decomp.drop([c for c in by if c in decomp.columns]).join(seeds, on="trial_id", how="inner")
+    if rows.is_empty():
+        return _empty(name, caption, "No eq. (4) table for the selected configurations.", cols)
+    keys = [k for _, k in TABLE2_KEYS]
+    data = (
+        rows.group_by([*by, "T"])
+        .agg(
+            [pl.col(k).mean() for k in keys]
+            + [pl.col(k).std(ddof=1).alias(f"{k}_std") for k in keys]
+            + [pl.len().alias("n")]
+        )
+        .sort([*by, "T"])
+    )
+    data = data.with_columns(
+        ratio=pl.when(pl.col("loss_gap").abs() > 0).then(pl.col("bound") / pl.col("loss_gap")).otherwise(None)
+    )
+    disp = []
+    for r in data.iter_rows(named=True):
+        ident = [task_label(r[c]) if c == "task" else method_label(r[c]) if c == "method" else str(r[c]) for c in by]
+        disp.append(
+            [
+                *ident,
+                str(r["T"]),
+                fmt_num(r["loss_gap"]),
+                fmt_num(r["bound"]),
+                fmt_num(r["ratio"]),
+                *(fmt_num(r[k]) for _, k in TABLE2_KEYS[2:]),
+                str(r["n"]),
+            ]
+        )
+    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data, GAP_NOTE)
+
+
+def study_table(
+    trials: pl.DataFrame,
+    by: Sequence[str],
+    metrics: Sequence[tuple[str, str, bool]],
+    name: str,
+    caption: str,
+    labels: dict[str, str] | None = None,
+) -> Table:
+    """A grid study's table (every configuration run with several seeds, no selection): one row per
+    combination of the `by` columns, with n and mean ± sample std (ddof=1) over its finished trials of
+    each metric (`metrics`: (column label, metric, shown in percent)). A metric no trial logged is
+    left out of the table, with a note naming it."""
+    by = list(by)
+    labels = {"task": "Task", "method": "Method", "model": "Model", "lam": "λ", "bits": "Bits", **(labels or {})}
+    done = trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED")) if trials.height else trials
+    missing_by = [c for c in by if c not in done.columns]
+    present = [(lab, m, pct) for lab, m, pct in metrics if m in done.columns and done[m].drop_nulls().len() > 0]
+    cols = [labels.get(c, c) for c in by] + ["n", *(lab for lab, _, _ in present)]
+    if done.is_empty() or missing_by:
+        why = f"no trial logged {', '.join(missing_by)}" if missing_by and not done.is_empty() else "no finished trial"
+        return _empty(name, caption, f"{why.capitalize()}.", cols)
+    aggs = [pl.len().alias("n")]
+    for _, m, _ in present:
+        aggs += [pl.col(m).mean().alias(f"{m}_mean"), pl.col(m).std(ddof=1).alias(f"{m}_std")]
+    data = done.group_by(by).agg(aggs).sort(by, nulls_last=True)
+    scale = _pct_scale(done["test_acc"]) if "test_acc" in done.columns else 100.0
+
+    def ident(c, v):
+        if c == "task":
+            return task_label(v)
+        if c == "method":
+            return method_label(v)
+        return fmt_num(v) if isinstance(v, float) else MISSING if v is None else str(v)
+
+    disp = []
+    for r in data.iter_rows(named=True):
+        cells = [
+            fmt_pm(r[f"{m}_mean"], r[f"{m}_std"], scale) if pct else _pm(r[f"{m}_mean"], r[f"{m}_std"])
+            for _, m, pct in present
+        ]
+        disp.append([*(ident(c, r[c]) for c in by), str(r["n"]), *cells])
+    absent = [m for _, m, _ in metrics if (m, True) not in {(x, True) for _, x, _ in present}]
+    note = f"Not logged by any finished trial: {', '.join(absent)}." if absent else ""
+    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data, note)
 
 
 STUDY_METRICS = [  # (column label, metric, scale to percent)

@@ -265,7 +265,48 @@ class Store:
                 killed.append(run.info.run_id)
         return killed
 
+    def start_run(self, run_name: str, tags: dict[str, str], params: dict[str, Any] | None = None) -> str:
+        """A run that is neither a sweep nor a trial (e.g. a study that reads several sweeps)."""
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        if params:
+            self.log_params(run.info.run_id, params)
+        return run.info.run_id
+
     # -- reading ----------------------------------------------------------------------------
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Every sweep (parent run) of the experiment, oldest first: `run_id`, `sweep` (its spec's
+        name; a rerun's parent is named after the rerun), `status` (MLflow's), `start_time` (ms),
+        `groups` (its per-method group runs), `trials` (its trial runs, through the groups too) and
+        `running` (how many of them are still RUNNING)."""
+        runs = self.all_runs()
+        sweeps = {
+            r.info.run_id: {
+                "run_id": r.info.run_id,
+                "sweep": r.data.tags.get(SWEEP, ""),
+                "status": r.info.status,
+                "start_time": r.info.start_time or 0,
+                "groups": [],
+                "trials": 0,
+                "running": 0,
+            }
+            for r in runs
+            if r.data.tags.get(ROLE) == "sweep"
+        }
+        owner = {}  # group run id -> its sweep's parent run id
+        for r in runs:
+            if r.data.tags.get(ROLE) == "method" and r.data.tags.get(PARENT) in sweeps:
+                sweeps[r.data.tags[PARENT]]["groups"].append(r.info.run_id)
+                owner[r.info.run_id] = r.data.tags[PARENT]
+        for r in runs:
+            tags = r.data.tags
+            if tags.get(ROLE) != "trial" or tags.get(LOST):
+                continue
+            parent = owner.get(tags.get(PARENT), tags.get(PARENT))
+            if parent in sweeps:
+                sweeps[parent]["trials"] += 1
+                sweeps[parent]["running"] += r.info.status == "RUNNING"
+        return sorted(sweeps.values(), key=lambda s: s["start_time"])
+
     def find_child(self, parent_id: str, trial_id: str) -> str | None:
         runs = self.client.search_runs(
             [self.experiment_id],

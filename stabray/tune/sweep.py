@@ -474,13 +474,14 @@ def run_configs(
     cpu: float = 1.0,
     gpu: float = 0.0,
     name: str = "rerun",
+    address: str | None = None,
 ):
     """Run fixed trial configs (e.g. a selected configuration with several seeds) as one Ray Tune
-    run, logged to `experiment` under a new parent run."""
+    run, logged to `experiment` under a new parent run; `address` as `run_sweep`'s."""
     uri = resolve_tracking_uri(tracking_uri)
     quiet_logs(False)
     store = Store(uri, experiment)
-    init_ray()
+    init_ray(address)
     results = open_storage(storage)
     run = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = store.start_parent(name, run, {"configs": configs})
