@@ -52,6 +52,35 @@ def plan_reruns(
     return out
 
 
+def _name(part) -> str:
+    """A trial config's task or method name (the config holds {name: ..., params: ...})."""
+    return part.get("name", str(part)) if isinstance(part, dict) else str(part)
+
+
+def planned_reruns(
+    experiment: str,
+    uri: str,
+    n_seeds: int,
+    *,
+    by: Sequence[str] = GROUP,
+    parents: set[str] | None = None,
+    ray_dir: str | None = None,
+) -> list[dict]:
+    """The configs `rerun` would run: each selected configuration's config with every missing seed."""
+    # selection needs no stability artifacts: skip downloading them
+    loaded = (
+        load_ray(ray_dir, experiment) if ray_dir else load_mlflow(experiment, uri, stability=False, parents=parents)
+    )
+    selected = select_best(loaded.trials, by)
+    configs = dict(loaded.configs)
+    for r in selected.iter_rows(named=True):
+        if r["trial_id"] not in configs and r["run_id"]:
+            cfg = load_trial_config(r["run_id"], experiment, uri)
+            if cfg is not None:
+                configs[r["trial_id"]] = cfg
+    return plan_reruns(loaded.trials, configs, n_seeds, by)
+
+
 def rerun(
     experiment: str,
     tracking_uri: str | None = None,
@@ -70,20 +99,9 @@ def rerun(
     from stabray.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
-    # selection needs no stability artifacts: skip downloading them
-    loaded = (
-        load_ray(ray_dir, experiment) if ray_dir else load_mlflow(experiment, uri, stability=False, parents=parents)
-    )
-    selected = select_best(loaded.trials, by)
-    configs = dict(loaded.configs)
-    for r in selected.iter_rows(named=True):
-        if r["trial_id"] not in configs and r["run_id"]:
-            cfg = load_trial_config(r["run_id"], experiment, uri)
-            if cfg is not None:
-                configs[r["trial_id"]] = cfg
-    todo = plan_reruns(loaded.trials, configs, n_seeds, by)
+    todo = planned_reruns(experiment, uri, n_seeds, by=by, parents=parents, ray_dir=ray_dir)
     for c in todo:
-        print(f"rerun: task={c.get('task')} method={c.get('method')} seed={c.get('seed')}")
+        print(f"rerun: task={_name(c.get('task'))} method={_name(c.get('method'))} seed={c.get('seed')}")
     if not todo:
         print(f"rerun: every selected configuration already has {n_seeds} seeds")
     if todo and not dry_run:

@@ -534,6 +534,16 @@ def format_plan(study: Study, profile: str, plan: Plan, specs: list[SpecPlan], s
             f"  reruns: one configuration per ({', '.join(plan.group)}) selected on validation, rerun to {seeds} seeds"
         )
         for sp in specs:
+            if sp.reuse is not None:  # the sweep is there: the exact plan
+                from analysis.rerun import planned_reruns
+
+                parents = rerun_parents(sp.tracking_uri, sp.experiment, sp.reuse)
+                todo = planned_reruns(sp.experiment, sp.tracking_uri, seeds, by=plan.group, parents=parents)
+                epochs = sum(int(c.get("train", {}).get("epochs") or sp.epochs) for c in todo)
+                lines.append(f"    {sp.name}: {len(todo)} reruns, {epochs} trial-epochs (from the stored sweep)")
+                total_trials += len(todo)
+                total_epochs += epochs
+                continue
             groups = estimated_groups(sp, plan.group)
             n = groups * max(0, seeds - 1)
             lines.append(

@@ -2,7 +2,6 @@
 the dry-run plan (trial and trial-epoch counts against hand-computed ones, reuse from the store),
 bad input, and one tiny study end to end (sweep, rerun, table, parent run, reuse on a second call)."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +176,10 @@ def test_tiny_study_end_to_end_then_reused(tmp_path, monkeypatch, capsys):
     study = Study("tiny", "a tiny study", plan, plan)
     kw = dict(seeds=2, tracking_uri=uri, storage=str(tmp_path / "ray"), address="local")
 
+    reproduce(study, "laptop", dry_run=True, **kw)
+    printed = capsys.readouterr().out
+    assert "1 trials (random, num_samples 1), 1 epochs, FIFO: 1 trial-epochs" in printed
+    assert "about 1 configurations -> at most 1 reruns x 1 epochs" in printed and "to run: 2 trials" in printed
     out = reproduce(study, "laptop", out=tmp_path / "out", **kw)
     printed = capsys.readouterr().out
     assert "reproduce: running" in printed and "wall time" in printed
@@ -199,6 +202,10 @@ def test_tiny_study_end_to_end_then_reused(tmp_path, monkeypatch, capsys):
     assert {"table1_accuracy.md", "table1_accuracy.tex", "table1_accuracy.csv", "README.md", "trials.csv"} <= names
 
     before = len(client.search_runs([exp.experiment_id]))
+    assert reproduce(study, "laptop", dry_run=True, **kw) is None
+    printed = capsys.readouterr().out
+    assert "store: reused: finished sweep" in printed and "0 reruns, 0 trial-epochs (from the stored sweep)" in printed
+    assert "to run: 0 trials, 0 trial-epochs" in printed
     reproduce(study, "laptop", out=tmp_path / "out2", **kw)
     printed = capsys.readouterr().out
     assert "reusing" in printed and "reproduce: running" not in printed
@@ -208,4 +215,144 @@ def test_tiny_study_end_to_end_then_reused(tmp_path, monkeypatch, capsys):
     assert again.equals(pl.read_csv(out / "table1_accuracy.csv"))
     runs = client.search_runs([rexp.experiment_id], order_by=["attributes.start_time DESC"])
     assert runs[0].data.tags["stabray.reused"].endswith("tiny_study.yaml") and runs[0].data.tags["stabray.ran"] == ""
-    json.dumps([r.info.run_id for r in runs])
+
+
+# ----------------------------------------------------------------------------------- the study tables
+
+
+def record(
+    tid, method="sft_cot", model="embedded-mini", seed=0, status="FINISHED", metrics=None, decomp=None, **params
+):
+    from stabray.record import TrialRecord
+
+    p = {
+        "task": "dijkstra",
+        "method": method,
+        "model": model,
+        "seed": str(seed),
+        "lr": "0.003",
+        "bits": "32",
+        "lam": "1.0",
+        **{k: str(v) for k, v in params.items()},
+    }
+    m = {"val_acc": 0.5, "test_acc": 0.5, **(metrics or {})}
+    return TrialRecord(tid, p, m, [(1, m["val_acc"])], status, run_id=f"run-{tid}", decomposition=decomp)
+
+
+def test_table2_is_the_seed_mean_per_model_and_T():
+    """Per (model, T): the mean over the seeds of every eq. (4) term; ratio = bound / gap of the
+    means (none at T = 1, where the gap is 0); other methods and stopped trials do not count."""
+    from analysis.tables import TABLE2_KEYS, table2
+    from stabray.record import decomposition_frame, trials_frame
+
+    rng = np.random.default_rng(1)
+    recs, rows = [], {}
+    for model in ("embedded-mini", "embedded-small"):
+        for seed in range(3):
+            d = [
+                {
+                    "T": t,
+                    **{
+                        k: (0.0 if t == 1 and k in ("loss_gap", "bound") else float(rng.uniform(0.1, 9)))
+                        for _, k in TABLE2_KEYS
+                    },
+                }
+                for t in (1, 2, 3)
+            ]
+            recs.append(record(f"{model}-{seed}", model=model, seed=seed, decomp=d))
+            for row in d:
+                rows.setdefault((model, row["T"]), []).append(row)
+    noise = [{"T": t, **{k: 1e6 for _, k in TABLE2_KEYS}} for t in (1, 2, 3)]
+    recs += [record("alg1", method="alg1", decomp=noise), record("stop", status="STOPPED", seed=7, decomp=noise)]
+    t = table2(trials_frame(recs), decomposition_frame(recs))
+    assert t.data.height == 6 and set(t.data["n"].to_list()) == {3}
+    for r in t.data.iter_rows(named=True):
+        vs = rows[(r["model"], r["T"])]
+        for _, k in TABLE2_KEYS:
+            x = np.array([v[k] for v in vs])
+            assert r[k] == pytest.approx(x.mean()) and r[f"{k}_std"] == pytest.approx(x.std(ddof=1))
+        gap, bound = np.mean([v["loss_gap"] for v in vs]), np.mean([v["bound"] for v in vs])
+        assert r["ratio"] is None if r["T"] == 1 else r["ratio"] == pytest.approx(bound / gap)
+    assert t.display.columns[:4] == ["Task", "Method", "Model", "T"] and t.display["Ratio"][0] == "–"
+
+
+def test_study_table_groups_a_grid_and_names_missing_metrics():
+    from analysis.tables import study_table
+    from stabray.record import trials_frame
+
+    rng = np.random.default_rng(2)
+    recs, vals = [], {}
+    for strategy in ("random", "drop_first"):
+        for seed in range(3):
+            m = {"test_acc": float(rng.uniform(0.2, 0.9)), "test_eaf_at_T": float(rng.uniform(1, 20))}
+            recs.append(record(f"{strategy}{seed}", method="alg1", seed=seed, strategy=strategy, metrics=m))
+            vals.setdefault(strategy, []).append(m)
+    recs.append(record("x", method="alg1", seed=5, strategy="random", status="FAILED", metrics={"test_acc": 0.0}))
+    metrics = [("Acc", "test_acc", True), ("Σρ", "test_eaf_at_T", False), ("WN", "weight_noise_loss_increase", False)]
+    t = study_table(trials_frame(recs), ("task", "method", "strategy"), metrics, "abl", "caption", {"strategy": "S"})
+    assert t.data["n"].to_list() == [3, 3] and "weight_noise_loss_increase" in t.note
+    for r in t.data.iter_rows(named=True):
+        acc = np.array([v["test_acc"] for v in vals[r["strategy"]]])
+        assert r["test_acc_mean"] == pytest.approx(acc.mean()) and r["test_acc_std"] == pytest.approx(acc.std(ddof=1))
+    assert t.display.columns == ["Task", "Method", "S", "n", "Acc", "Σρ"]
+    shown = dict(zip(t.display["S"], t.display["Acc"]))
+    a = np.array([v["test_acc"] for v in vals["random"]]) * 100
+    assert shown["random"] == f"{a.mean():.1f} ± {a.std(ddof=1):.1f}"
+
+
+def test_every_output_writes_its_files(tmp_path):
+    """Every table and figure a study can ask for builds from one synthetic frame (with eq. (4)
+    rows, two models, two strategies) and writes what the plan says it writes."""
+    from analysis.studies import Context
+    from analysis.tables import Table
+    from stabray.record import decomposition_frame, trials_frame
+
+    d = [
+        {
+            "T": t,
+            "loss_gap": 0.1 * t,
+            "bound": 1.0 * t,
+            "first_order": 0.5 * t,
+            "second_order": 0.1 * t,
+            "C1": 0.02,
+            "C2": 3.0,
+            "eaf": 2.0 * t,
+            "sum_eps": 0.1,
+        }
+        for t in (1, 2, 3)
+    ]
+    m = {
+        "test_acc_n5": 0.1,
+        "test_eaf_at_T": 3.0,
+        "test_loss_gap_at_T": 0.2,
+        "test_bound_at_T": 1.0,
+        "test_sum_eps_at_T": 0.1,
+        "stability_T": 3.0,
+        "weight_noise_loss_increase": 0.01,
+    }
+    recs = [
+        record(
+            f"{meth}{model}{seed}",
+            method=meth,
+            model=model,
+            seed=seed,
+            decomp=d,
+            metrics=m,
+            strategy="random",
+            noise="quant",
+            train_size=500,
+        )
+        for meth in ("sft_cot", "alg1")
+        for model in ("embedded-mini", "embedded-small")
+        for seed in (0, 1)
+    ]
+    ctx = Context(trials_frame(recs), decomposition_frame(recs), tmp_path)
+    for key, output in OUTPUTS.items():
+        items = output.build(ctx)
+        assert items, key
+        for item in items:
+            if isinstance(item, Table):
+                paths = item.write(tmp_path)
+                assert all(p.stat().st_size > 0 for p in paths[:2]) and not item.display.is_empty(), key
+            else:
+                assert item.suffix == ".png" and item.stat().st_size > 0 and item.name in output.files, key
