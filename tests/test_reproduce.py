@@ -356,3 +356,23 @@ def test_every_output_writes_its_files(tmp_path):
                 assert all(p.stat().st_size > 0 for p in paths[:2]) and not item.display.is_empty(), key
             else:
                 assert item.suffix == ".png" and item.stat().st_size > 0 and item.name in output.files, key
+
+
+def test_mounted_on_stabray_through_the_entry_point_group(monkeypatch, tmp_path, capsys, no_runs):
+    """`python -m stabray reproduce` is analysis's register function, found through the entry points
+    that pyproject.toml declares (stabray itself never imports analysis)."""
+    import re
+    from importlib.metadata import EntryPoint
+
+    import stabray.cli
+
+    text = (SWEEPS.parent / "pyproject.toml").read_text()
+    group = text.split('[project.entry-points."stabray.commands"]', 1)[1].split("\n[", 1)[0]
+    value = re.search(r'^reproduce = "([^"]+)"', group, re.M).group(1)
+    assert value == "analysis.cli:register_reproduce"
+    monkeypatch.setattr(stabray.cli, "entry_points", lambda group: [EntryPoint("reproduce", value, group)])
+    argv = ["reproduce", "figure4", "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    assert stabray.cli.main(argv) == 0
+    assert "spec table3_dijkstra " in capsys.readouterr().out
+    assert stabray.cli.main(["reproduce", "figure9"]) == 2
+    assert "unknown study 'figure9'" in capsys.readouterr().err
