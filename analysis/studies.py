@@ -466,8 +466,9 @@ def rerun_parents(uri: str, experiment: str, sweep: dict) -> set[str]:
 def estimated_groups(sp: SpecPlan, group: Sequence[str]) -> int:
     """How many configurations selection keeps: per method, the product over the group's columns
     (other than task and method) of the values the spec's space gives that column (1 when fixed)."""
-    from stabray.spec import method_specs
+    from stabray.spec import method_specs, space_path
 
+    model_paths = ("model.pretrained", "model.preset")  # the `model` param is one of these
     total = 0
     for _, sub in method_specs(sp.spec, sp.path):
         n = 1
@@ -475,10 +476,8 @@ def estimated_groups(sp: SpecPlan, group: Sequence[str]) -> int:
             if col in ("task", "method"):
                 continue
             for key, dist in sub.search.space.items():
-                from stabray.spec import space_path
-
                 path = space_path(key)
-                if path.rsplit(".", 1)[-1] == col or (col == "model" and path.startswith("model.p")):
+                if path.rsplit(".", 1)[-1] == col or (col == "model" and path in model_paths):
                     n *= len(dist.choice) if dist.choice else 1
         total += n
     return total
@@ -507,11 +506,12 @@ def format_plan(study: Study, profile: str, plan: Plan, specs: list[SpecPlan], s
         if len(sp.methods) > 1:
             per = ", ".join(f"{m} {n}" for m, n in sp.methods)
             lines.append(f"    {len(sp.methods)} methods, trials per method: {per}")
-        how = (
-            f"grid of {sp.trials // max(1, len(sp.methods) * s.num_samples)} x num_samples {s.num_samples}"
-            if s.searcher == "grid"
-            else f"{s.searcher}, num_samples {s.num_samples}"
-        )
+        if s.searcher != "grid":
+            how = f"{s.searcher}, num_samples {s.num_samples}" + (" per method" if len(sp.methods) > 1 else "")
+        elif len(sp.methods) > 1:
+            how = f"a grid per method x num_samples {s.num_samples}"
+        else:
+            how = f"grid of {sp.trials // s.num_samples} x num_samples {s.num_samples}"
         te = (
             f"at most {sp.trial_epochs} trial-epochs (upper bound: ASHA stops weak trials early)"
             if sp.asha
@@ -648,8 +648,11 @@ def reproduce(
         if sp.reuse is None:
             print(f"reproduce: running {sp.name} ({sp.trials} trials)", flush=True)
             rc = run_sweep_spec(sp, storage, address)
-            if rc != 0:
-                raise UserError(f"the sweep {sp.name} did not finish (exit code {rc}); run reproduce again to continue")
+            if rc != 0:  # the sweep printed how to continue it (--resume); reproduce then reuses it
+                raise UserError(
+                    f"the sweep {sp.name} did not finish (exit code {rc}); continue it with the --resume command "
+                    "above, then run reproduce again"
+                )
             sp.reuse, sp.store_note = finished_sweep(sp.tracking_uri, sp.experiment, sp.spec.name, sp.trials)
             if sp.reuse is None:
                 raise UserError(
