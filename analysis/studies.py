@@ -18,6 +18,7 @@ configurations are rerun to n seeds (`analysis.rerun`: the selected trial's seed
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -678,6 +679,8 @@ def reproduce(
             )
             parents[sp.name] = rerun_parents(sp.tracking_uri, sp.experiment, sp.reuse)  # the new reruns too
 
+    # one eq. (4) table download per trial: MLflow's per-download progress bar would bury the tables
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     trials, decomp = load_study_trials(specs, parents)
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(trials, decomp, out, rule, plan.group)
