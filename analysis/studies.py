@@ -716,12 +716,11 @@ def _readme(st, profile, plan, specs, seeds, reused, ran, tables, figures, out: 
         )
         + ".",
         "",
-        "Selection: "
-        + (
-            "one configuration per (" + ", ".join(plan.group) + f") on validation, rerun to {seeds} seeds."
-            if plan.rerun
-            else "none beyond what each table says (grid studies average every configuration's seeds)."
-        ),
+        "Selection: the tables that select take one configuration per ("
+        + ", ".join(plan.group)
+        + ") on validation"
+        + (f", rerun to {seeds} seeds." if plan.rerun else "; no reruns: the sweeps' own seeds.")
+        + " Grid-study tables (one row per configuration) average every configuration's finished seeds.",
         "",
         "## Files",
         "",
