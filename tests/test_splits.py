@@ -122,6 +122,51 @@ def test_cached_splits_round_trip(tmp_path):
     assert first == again and len(list(tmp_path.iterdir())) == 1
 
 
+@pytest.mark.parametrize("name", ["icl_quadratic", "dijkstra", "lego_cyclic"])
+def test_cached_load_is_a_fresh_generation(tmp_path, monkeypatch, name):
+    """What a load from the cache returns equals what generating the splits afresh returns (every
+    field of every example of every split), and it came from the cache, not from generating again."""
+    import stabray.data.cache as cache
+
+    task = get_task(name)
+    sizes = {"train": 24, "val": 6, "test": 6}
+    splits = ("train", "val", "test", *task.long_splits(None))
+    cache.load_splits(task, sizes, seed=3, splits=splits, cache_dir=tmp_path)  # generate + write
+    fresh = make_splits(task, sizes, 3, splits)
+
+    def no_generation(*a, **k):
+        raise AssertionError("generated again instead of read from the cache")
+
+    monkeypatch.setattr(cache, "make_splits", no_generation)
+    loaded = cache.load_splits(task, sizes, seed=3, splits=splits, cache_dir=tmp_path)
+    assert list(loaded) == list(fresh)
+    for s in splits:
+        assert len(loaded[s]) == len(fresh[s]) > 0
+        assert loaded[s] == fresh[s]  # question, steps, final, question_nohint, meta
+        assert all(type(a.steps) is tuple and type(a.meta) is dict for a in loaded[s])
+
+
+def test_fingerprint_sees_where_strings_split():
+    """Columns with the same characters split differently into strings (or steps into examples)
+    hash differently; the same columns hash the same; a reference sha256 of the layout."""
+    import hashlib
+    import struct
+
+    from stabray.data.cache import columns_fingerprint
+
+    cols = {"question": ["ab", "c"], "steps": [["x", "yz"], []]}
+    assert columns_fingerprint(cols) == columns_fingerprint({k: list(v) for k, v in cols.items()})
+    assert columns_fingerprint(cols) != columns_fingerprint({**cols, "question": ["a", "bc"]})
+    assert columns_fingerprint(cols) != columns_fingerprint({**cols, "steps": [["x"], ["yz"]]})
+    assert columns_fingerprint(cols) != columns_fingerprint({**cols, "steps": [["xy", "z"], []]})
+    assert columns_fingerprint(cols) != columns_fingerprint({**cols, "question": ["ab", "d"]})
+    h = hashlib.sha256()  # the layout, written out: name, count, lengths (int64), UTF-8
+    h.update(b"\0question\x002\0" + struct.pack("=2q", 2, 1) + b"abc")
+    h.update(b"\0steps\x002\0" + struct.pack("=2q", 2, 0) + struct.pack("=2q", 1, 2) + b"xyz")
+    assert columns_fingerprint(cols) == h.hexdigest()
+    assert columns_fingerprint({"q": ["é"]}) != columns_fingerprint({"q": ["e"]})
+
+
 CACHE_SIZES = {"train": 12, "val": 4, "test": 4}
 
 

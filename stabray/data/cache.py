@@ -7,7 +7,9 @@ and rename it).
 Each cached dataset holds FINGERPRINT: the sha256 of every split's records. Loading recomputes it
 from the records read back; a mismatch (an edited byte), an unreadable file or a missing one is
 reported with a one-line warning naming the path, and the splits are generated again and the
-cache replaced: a damaged cache is never used."""
+cache replaced: a damaged cache is never used. The fingerprint hashes each column's strings as their
+lengths and their concatenated UTF-8 (which together determine the column exactly), not a JSON
+rendering of them: on long ICL prompts (~15 kB each) encoding JSON took most of a cached load."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import logging
 import os
 import shutil
 import tempfile
+from array import array
 from pathlib import Path
 
 from stabray.data.splits import eval_splits, make_splits
 from stabray.tasks.base import Example, Task
 
-FORMAT_VERSION = "2"  # 2: FINGERPRINT beside the splits
+FORMAT_VERSION = "3"  # 2: FINGERPRINT beside the splits; 3: the fingerprint hashes lengths + UTF-8, not JSON
 FINGERPRINT = "stabray_fingerprint.json"
 log = logging.getLogger(__name__)
 
@@ -49,8 +52,7 @@ def _to_columns(examples: list[Example]) -> dict[str, list]:
     }
 
 
-def _from_dataset(ds) -> list[Example]:
-    cols = ds.to_dict()
+def _from_columns(cols: dict[str, list]) -> list[Example]:
     return [
         Example(question=q, steps=tuple(s), final=f, question_nohint=qn, meta=json.loads(m))
         for q, s, f, qn, m in zip(cols["question"], cols["steps"], cols["final"], cols["question_nohint"], cols["meta"])
@@ -58,9 +60,31 @@ def _from_dataset(ds) -> list[Example]:
 
 
 def fingerprint(examples: list[Example]) -> str:
-    """sha256 of a split's records, exactly as stored (canonical JSON of the columns)."""
-    blob = json.dumps(_to_columns(examples), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    """sha256 of a split's records, exactly as stored (the columns `_to_columns` writes)."""
+    return columns_fingerprint(_to_columns(examples))
+
+
+def columns_fingerprint(cols: dict[str, list]) -> str:
+    """sha256 of stored columns: per column (in name order) its name, then for a column of strings
+    their lengths (code points, int64) and their concatenated UTF-8; for a column of string lists
+    (steps) the list lengths, then the same for all their strings in order. Lengths and
+    concatenation together determine the column, so any changed, added, dropped or moved character
+    changes the hash; hashing them costs a copy, not a JSON encoding."""
+    h = hashlib.sha256()
+
+    def strings(xs: list[str]) -> None:
+        h.update(array("q", [len(x) for x in xs]).tobytes())
+        h.update("".join(xs).encode("utf-8", "surrogatepass"))
+
+    for name in sorted(cols):
+        col = cols[name]
+        h.update(f"\0{name}\0{len(col)}\0".encode())
+        if col and isinstance(col[0], (list, tuple)):
+            h.update(array("q", [len(x) for x in col]).tobytes())
+            strings([x for xs in col for x in xs])
+        else:
+            strings(col)
+    return h.hexdigest()
 
 
 class DamagedCache(Exception):
@@ -78,14 +102,30 @@ def read_cached(path: Path, splits: tuple[str, ...]) -> dict[str, list[Example]]
     try:
         expected = json.loads(fp_file.read_text())["splits"]
         dd = datasets.load_from_disk(str(path))
-        data = {s: _from_dataset(dd[s]) for s in splits}
+        cols = {s: dd[s].to_dict() for s in splits}
     # what datasets / pyarrow / json raise for a truncated, missing or garbled file
     except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, pyarrow.ArrowException) as e:
         raise DamagedCache(f"unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
-    for s in splits:
-        if expected.get(s) != fingerprint(data[s]):
+    for s in splits:  # the records as read back, before anything is decoded from them
+        if expected.get(s) != columns_fingerprint(cols[s]):
             raise DamagedCache(f"split {s!r} does not match its fingerprint in {FINGERPRINT} (edited or damaged)")
-    return data
+    try:
+        return {s: _from_columns(cols[s]) for s in splits}
+    except (ValueError, TypeError, KeyError) as e:  # intact but not records of this layout
+        raise DamagedCache(f"unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+
+
+def cached_path(
+    task: Task,
+    sizes: dict[str, int] | None = None,
+    seed: int = 0,
+    splits: tuple[str, ...] | None = None,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """The folder `load_splits` with these arguments reads (it may not exist yet)."""
+    splits = ("train", *eval_splits(task)) if splits is None else tuple(splits)
+    root = Path(cache_dir).absolute() if cache_dir else default_cache_dir()
+    return root / cache_key(task, dict(sizes or {}), seed, splits)
 
 
 def load_splits(
@@ -100,7 +140,7 @@ def load_splits(
     splits = ("train", *eval_splits(task)) if splits is None else tuple(splits)
     sizes = dict(sizes or {})
     root = Path(cache_dir).absolute() if cache_dir else default_cache_dir()
-    path = root / cache_key(task, sizes, seed, splits)
+    path = cached_path(task, sizes, seed, splits, root)
     damaged = False
     if path.exists():
         try:
