@@ -104,7 +104,7 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """The numeric values, NaN and infinities included: a metric that became NaN is a result (the
     estimator or the training diverged), and dropping it would read as "not measured". MLflow keeps
     NaN and stores +-inf as +-1.8e308, which `trial_records` reads back as +-inf."""
@@ -219,7 +219,7 @@ class Store:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        ms = [Metric(logged_name(k), v, now, int(step)) for k, v in _numbers(metrics).items()]
+        ms = [Metric(logged_name(k), v, now, int(step)) for k, v in numeric_metrics(metrics).items()]
         if ms:
             self.client.log_batch(run_id, metrics=ms)
         return len(ms)
@@ -239,6 +239,13 @@ class Store:
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        """Several tags in one request (`set_tag` per key is one database transaction each)."""
+        from mlflow.entities import RunTag
+
+        if tags:
+            self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def end(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)

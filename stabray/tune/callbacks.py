@@ -8,6 +8,8 @@ declared in `stabray.record` (plus the eq. (4) table as artifacts).
 
 from __future__ import annotations
 
+import math
+import sys
 import traceback
 from typing import Any
 
@@ -16,7 +18,7 @@ from ray.tune import Callback
 from stabray.config import get_path
 from stabray.record import STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
 from stabray.tracking import Store, ended_status
-from stabray.tracking.store import CHECKPOINT, STOPPED_AT, STOPPED_BY
+from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, numeric_metrics
 from stabray.tune.eaf_stop import STOPPER_WORDS
 
 CURVES = ("train_loss", "val_acc", "val_eaf")  # per-epoch metrics in each trial's plots/curves.png
@@ -33,6 +35,11 @@ class MLflowTuneCallback(Callback):
         self.names: dict[str, str] = {}  # trial_id -> readable run name (unique within the sweep)
         self.ended: set[str] = set()
         self.logged_step: dict[str, int] = {}  # last epoch logged per trial (not pickled: asked of MLflow)
+        # Not pickled either (a restored driver asks MLflow instead): the trials whose run this driver
+        # session created, so MLflow holds nothing of theirs that this object has not seen (no earlier
+        # epochs, not KILLED), and their CURVES as logged, for the closing figure.
+        self.fresh: set[str] = set()
+        self.curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
         self._store: Store | None = None
         self._lost_checked = False  # once per driver session (not pickled)
 
@@ -50,14 +57,19 @@ class MLflowTuneCallback(Callback):
         self.names = dict(state.get("names", {}))
         self.ended = set(state.get("ended", set()))
         self.logged_step = {}
+        self.fresh, self.curves = set(), {}
         self._lost_checked = False
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_store"] = None  # MLflow clients are not picklable; reconnect lazily
         d["logged_step"] = {}
+        d["fresh"], d["curves"] = set(), {}
         d["_lost_checked"] = False
         return d
+
+    def __setstate__(self, state):
+        self.__dict__.update({"fresh": set(), "curves": {}, **state})  # pickles from before these fields
 
     def on_step_begin(self, iteration, trials, **info):
         """Once, when the sweep (re)starts: a trial run still RUNNING whose trial Ray Tune does not know
@@ -88,9 +100,15 @@ class MLflowTuneCallback(Callback):
                 trial.trial_id,
                 run_name=self.name_of(trial),
                 params=params,
-                tags={"stabray.task": cfg["task"]["name"], "stabray.method": cfg["method"]["name"]},
+                tags={
+                    "stabray.task": cfg["task"]["name"],
+                    "stabray.method": cfg["method"]["name"],
+                    NOTE: self._starting(cfg),  # the description on_trial_start sets, in the same request
+                },
                 config=cfg,
             )
+            self.fresh.add(trial.trial_id)
+            self.curves[trial.trial_id] = {k: [] for k in CURVES}
         return self.runs[trial.trial_id]
 
     def stopped_by(self, trial_id: str) -> str:
@@ -109,10 +127,14 @@ class MLflowTuneCallback(Callback):
         return self.names[trial.trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        cfg = unwrap(trial.config)
         rid = self._run_id(trial)
+        if trial.trial_id in self.fresh:  # created just now, RUNNING, with its description
+            return
         self.store.reopen(rid)  # KILLED when an interrupted sweep is resumed: RUNNING again
-        self.store.set_description(rid, f"{self._about(cfg)}, up to {get_path(cfg, 'train.epochs')} epochs.")
+        self.store.set_description(rid, self._starting(unwrap(trial.config)))
+
+    def _starting(self, cfg: dict[str, Any]) -> str:
+        return f"{self._about(cfg)}, up to {get_path(cfg, 'train.epochs')} epochs."
 
     def _about(self, cfg: dict[str, Any]) -> str:
         values = ", ".join(f"{p.rsplit('.', 1)[-1]} = {get_path(cfg, p)}" for p in self.searched)
@@ -124,11 +146,17 @@ class MLflowTuneCallback(Callback):
         rid = self._run_id(trial)
         step = int(result.get("training_iteration", 0))
         if trial.trial_id not in self.logged_step:  # first result since start or restore: ask MLflow
-            self.logged_step[trial.trial_id] = self.store.last_step(rid, "train_loss")
+            fresh = trial.trial_id in self.fresh  # a run created by this session has logged nothing yet
+            self.logged_step[trial.trial_id] = 0 if fresh else self.store.last_step(rid, "train_loss")
         if step <= self.logged_step[trial.trial_id]:
             return  # a resumed trial re-reporting an epoch already logged before the crash
         self.logged_step[trial.trial_id] = step
-        self.store.log_metrics(rid, {k: v for k, v in result.items() if is_metric(k)}, step=step)
+        metrics = {k: v for k, v in result.items() if is_metric(k)}
+        self.store.log_metrics(rid, metrics, step=step)
+        if trial.trial_id in self.curves:
+            for k, v in numeric_metrics(metrics).items():
+                if k in CURVES:
+                    self.curves[trial.trial_id][k].append((step, as_stored(v)))
         table = result.get(STABILITY_TABLE)
         if table:
             log_stability_table(self.store, rid, table)
@@ -143,14 +171,15 @@ class MLflowTuneCallback(Callback):
             status, tags = ended_status(trial.last_result or {}, error=False)
             if STOPPED_AT in tags:
                 tags[STOPPED_BY] = self.stopped_by(trial.trial_id)
-            for k, v in tags.items():
-                self.store.set_tag(rid, k, v)
-            self._close(trial, rid, tags.get(STOPPED_AT))
+            self._close(trial, rid, tags.get(STOPPED_AT), tags=tags)
             self.store.end(rid, status)
             self.ended.add(trial.trial_id)
 
-    def _close(self, trial, rid: str, stopped_at: str | None = None, error: str = "") -> None:
-        """The trial's end in its description, and its curves as plots/curves.png."""
+    def _close(
+        self, trial, rid: str, stopped_at: str | None = None, error: str = "", tags: dict[str, str] | None = None
+    ) -> None:
+        """The trial's end in its description (set in one request with `tags`), and its curves as
+        plots/curves.png."""
         from stabray.tune import plots
 
         cfg = unwrap(trial.config)
@@ -168,19 +197,26 @@ class MLflowTuneCallback(Callback):
             outcome = f"**Finished** all {epochs} epochs."
         shown = [k for k in ("val_acc", "best_val_acc", "test_acc", "val_eaf", "test_eaf") if k in last]
         numbers = ", ".join(f"{k} {last[k]:.3f}" for k in shown if isinstance(last[k], (int, float)))
-        self.store.set_description(
-            rid,
+        note = (
             f"{self._about(cfg)}. {outcome}"
             + (f" Last: {numbers}." if numbers else "")
-            + " Charts: plots/curves.png (per epoch); timings are the sys/ metrics.",
+            + " Charts: plots/curves.png (per epoch); timings are the sys/ metrics."
         )
+        self.store.set_tags(rid, {**(tags or {}), NOTE: note})
         try:
-            fig = plots.trial_curves({k: self.store.history(rid, k) for k in CURVES}, self.name_of(trial))
+            fig = plots.trial_curves(self._curves(trial.trial_id, rid), self.name_of(trial))
             if fig is not None:
                 self.store.log_figure(rid, fig, "plots/curves.png")
                 plots.close(fig)
         except Exception as e:  # noqa: BLE001 - a figure must never fail the sweep
             print(f"stabray: could not plot trial {trial.trial_id}: {e}")
+
+    def _curves(self, trial_id: str, rid: str) -> dict[str, list[tuple[int, float]]]:
+        """CURVES as MLflow holds them: from memory for a trial this session logged from its first
+        epoch, else read back."""
+        if trial_id in self.fresh and trial_id in self.curves:
+            return self.curves[trial_id]
+        return {k: self.store.history(rid, k) for k in CURVES}
 
     def on_trial_error(self, iteration, trials, trial, **info):
         rid = self._run_id(trial)
@@ -192,6 +228,11 @@ class MLflowTuneCallback(Callback):
         self._close(trial, rid, error=last_line.strip()[:300])
         self.store.end(rid, "FAILED")
         self.ended.add(trial.trial_id)
+
+
+def as_stored(v: float) -> float:
+    """A metric value as MLflow's store gives it back: infinities become +-sys.float_info.max."""
+    return math.copysign(sys.float_info.max, v) if math.isinf(v) else v
 
 
 def checkpoint_uri(checkpoint) -> str:
