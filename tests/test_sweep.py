@@ -219,3 +219,41 @@ def test_paper_spec_has_the_papers_settings(task):
     assert sorted(space["lora_rank"].choice) == [16, 32, 64]
     assert spec.resources.gpu == 1
     assert "long_sizes" not in spec.task.params  # the paper's +10% / +20% sizes
+
+
+def test_prewarm_caches_what_the_trials_read(tmp_path, monkeypatch):
+    """The driver's head start while Ray starts fills the dataset cache with exactly the splits a
+    trial of the sweep then reads (a trial finds them cached: nothing generated again), and equal to
+    generating them afresh."""
+    import stabray.data.cache as cache
+    from stabray.config import parse_trial_config
+    from stabray.data.splits import make_splits
+    from stabray.spec import load_spec
+    from stabray.tasks import get_task
+    from stabray.train.run import read_splits
+    from stabray.tune.sweep import prewarm
+
+    monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    spec, _ = load_spec(str(write_spec(tmp_path)))
+    prewarm(spec, data=True).join(timeout=120)
+    assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 1
+
+    def no_generation(*a, **k):
+        raise AssertionError("a trial generated the splits again")
+
+    monkeypatch.setattr(cache, "make_splits", no_generation)
+    trial = parse_trial_config(spec.trial_base())
+    got = read_splits(trial)
+    c = spec.task
+    fresh = make_splits(
+        get_task(c.name, **c.params),
+        {"train": c.train_size, "val": c.val_size, "test": c.test_size},
+        c.data_seed,
+        ("train", "val", "test", "test_long"),
+    )
+    assert got == fresh
+
+    prewarm(spec, data=False).join(timeout=120)  # joining another cluster: its trials have their own disks
+    spec2, _ = load_spec(str(write_spec(tmp_path, task={"train_size": 40})))
+    prewarm(spec2, data=False).join(timeout=120)
+    assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 1

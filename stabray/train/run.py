@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from stabray.config import TrialConfig, parse_trial_config
-from stabray.data.cache import load_splits
+from stabray.data.cache import cached_path, load_splits
 from stabray.data.encode import Encoder
 from stabray.data.tokenizer import build_tokenizer
 from stabray.errors import UserError
@@ -59,6 +59,29 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
     )
 
 
+def _request(c: TrialConfig) -> dict[str, Any]:
+    task = get_task(c.task.name, **c.task.params)
+    return {
+        "task": task,
+        "sizes": {"train": c.task.train_size, "val": c.task.val_size, "test": c.task.test_size},
+        "seed": c.task.data_seed,
+        "splits": ("train", "val", "test", *task.long_splits(c.eval.long_splits)),
+        "cache_dir": c.cache_dir,
+    }
+
+
+def read_splits(c: TrialConfig) -> dict[str, list]:
+    """The splits a text trial reads (train, val, test and its long splits), from the dataset cache or
+    generated into it: one definition for the trial and for a sweep's driver, which fills the cache
+    while Ray starts."""
+    return load_splits(**_request(c))
+
+
+def splits_cached(c: TrialConfig) -> bool:
+    """Whether the dataset cache holds the trial's splits (not read, so not checked)."""
+    return cached_path(**_request(c)).exists()
+
+
 @RUNNERS.register("text")
 class TrialRun(Runner):
     """Build everything a trial needs. `tokenizer_dir` reuses a saved tokenizer (checkpoints)."""
@@ -73,14 +96,7 @@ class TrialRun(Runner):
         self.train_cfg = c.train
         self.device = pick_device(c.device)
         self.long_splits = self.task.long_splits(c.eval.long_splits)  # test_long, test_longer or test_n<k>
-        splits = ("train", "val", "test", *self.long_splits)
-        self.data = load_splits(
-            self.task,
-            {"train": c.task.train_size, "val": c.task.val_size, "test": c.task.test_size},
-            seed=c.task.data_seed,
-            splits=splits,
-            cache_dir=c.cache_dir,
-        )
+        self.data = read_splits(c)
         self.spec = model_spec(c)
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer

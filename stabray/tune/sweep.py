@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from stabray.config import SweepSpec, set_path
 from stabray.errors import UserError
 from stabray.record import BUNDLE
 from stabray.spec import space_path
+from stabray.tasks import TASKS
 from stabray.tracking import Store, resolve_tracking_uri
 from stabray.tracking.store import check_store
 from stabray.tune.callbacks import MLflowTuneCallback
@@ -132,6 +134,10 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
         return "already initialised"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Ray's log monitor (a process of a Ray instance started here) looks for new worker log files 10
+    # times a second while there are fewer than this many; 0: every 0.5 s (Ray's interval for many
+    # files). Its globbing was the busiest of Ray's own processes in a sweep (~1% of a core).
+    os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
     addr = address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(include_dashboard=False, log_to_driver=verbose, configure_logging=False)
     if addr == "local":  # always a fresh local instance (tests, benchmarks: never join another's)
@@ -367,8 +373,51 @@ def run_sweep(
             raise
 
 
+def local_trials(address: str | None) -> bool:
+    """Whether `init_ray(address)` is about to start a Ray instance on this machine (its trials then
+    share this machine's dataset cache), asked before it does."""
+    if ray.is_initialized():  # already started: nothing to overlap with
+        return False
+    addr = address or os.environ.get("RAY_ADDRESS")
+    return addr == "local" or (not addr and running_ray()[0] is None)
+
+
+def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
+    """Work the driver does anyway, in a thread while Ray starts (`ray.init` mostly waits for Ray's
+    processes): with `data` (the trials run on this machine), the trials' dataset generated and cached
+    once here when it is not cached yet, rather than by the first trials side by side; then the
+    imports for closing trials (figures, tables; Optuna's). A failure is left for the trials to meet
+    and report."""
+
+    def work():
+        try:
+            searched = {space_path(k).split(".", 1)[0] for k in spec.search.space}
+            if data and "task" not in searched and TASKS.get(spec.task.name).runner == "text":
+                from stabray.config import parse_trial_config
+                from stabray.train.run import read_splits, splits_cached
+
+                trial = parse_trial_config(spec.trial_base())
+                if not splits_cached(trial):  # a cached one the trials read (and check) themselves
+                    read_splits(trial)
+            if spec.search.searcher == "optuna":
+                import optuna  # noqa: F401
+            import polars  # noqa: F401
+
+            import stabray.stability.plot  # noqa: F401
+            from stabray.tune import plots
+
+            plots._plt()
+        except Exception:  # noqa: BLE001 - only a head start: each trial does this again and reports
+            pass
+
+    t = threading.Thread(target=work, name="stabray-prewarm", daemon=True)
+    t.start()
+    return t
+
+
 def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose, stop):
     resume = saved is not None
+    warm = prewarm(spec, data=local_trials(address))
     how = init_ray(address, verbose)
     stop.install()
     check_resources(spec)
@@ -403,6 +452,7 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
         "groups": saved["groups"],  # method -> MLflow group run (multi-method sweeps)
     }
     print(f"stabray: {how}\n  results:  {run_dir}\n  MLflow:   {uri} (experiment {experiment!r})", flush=True)
+    warm.join()  # the trials read the dataset it caches: not generated twice side by side
     try:
         grids = _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info)
     except KeyboardInterrupt:  # a second signal: Ray Tune may not have saved its state
