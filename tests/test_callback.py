@@ -19,9 +19,9 @@ CONFIG = {
 }
 # per epoch: a NaN and both infinities among the curves (MLflow keeps NaN, stores +-inf as +-float max)
 RESULTS = [
-    {"train_loss": 1.5, "val_acc": 0.25, "eaf": 2.0, "epoch": 1},
-    {"train_loss": math.inf, "val_acc": math.nan, "eaf": 3.5, "epoch": 2},
-    {"train_loss": 0.5, "val_acc": 0.75, "eaf": -math.inf, "epoch": 3, "test_acc": 0.7, "best_val_acc": 0.75},
+    {"train_loss": 1.5, "val_acc": 0.25, "val_eaf": 2.0, "epoch": 1},
+    {"train_loss": math.inf, "val_acc": math.nan, "val_eaf": 3.5, "epoch": 2},
+    {"train_loss": 0.5, "val_acc": 0.75, "val_eaf": -math.inf, "epoch": 3, "test_acc": 0.7, "best_val_acc": 0.75},
 ]
 
 
@@ -85,5 +85,5 @@ def test_trial_run_and_closing_figure(tmp_path, monkeypatch):
     restored.on_trial_complete(0, [t2], t2)
     ((_, hist),) = drawn
     logged = {k: store.history(cb.runs["t2"], k) for k in CURVES}
-    assert [s for s, _ in logged["eaf"]] == [1, 2, 3] and same(hist, logged)
+    assert [s for s, _ in logged["val_eaf"]] == [1, 2, 3] and same(hist, logged)
     assert store.status(cb.runs["t2"]) == "FINISHED"
