@@ -50,11 +50,8 @@ def pareto_table(trials: pl.DataFrame, objectives: Sequence[Objective] = DEFAULT
     knee = knee_index(trials, objectives) if len(objectives) == 2 else None
     knee_name = trials["name"][knee] if knee is not None else None
     data = rows.with_columns(knee=pl.col("name") == pl.lit(knee_name))
-    n_all = trials.filter(pl.all_horizontal(pl.col(m).is_not_null() for m, _ in objectives)).height
-    caption += (
-        f": {rows.height} of {n_all} trials with every objective; * = this front's knee (report --select knee "
-        "chooses among finished trials on best_val_acc and val_eaf, per task and method)"
-    )
+    caption += f": {rows.height} of {_compared(trials, objectives)}; * = this front's knee (report --select knee "
+    caption += "chooses among finished trials on best_val_acc and val_eaf, per task and method)"
 
     def show(v) -> str:
         return MISSING if v is None else fmt_num(v) if isinstance(v, float) else str(v)
@@ -65,6 +62,28 @@ def pareto_table(trials: pl.DataFrame, objectives: Sequence[Objective] = DEFAULT
         orient="row",
     )
     return Table(name, caption, display, data)
+
+
+def _compared(trials: pl.DataFrame, objectives: Sequence[Objective]) -> str:
+    """Which trials the front was drawn from and which were left out, and why: "6 trials with every
+    objective (2 stopped early, compared at the epoch they stopped); left out: 2 failed without val_acc"."""
+    from collections import Counter
+
+    has = pl.all_horizontal(pl.col(m).is_not_null() for m, _ in objectives)
+    kept, left = trials.filter(has), trials.filter(~has)
+    text = f"{kept.height} trials with every objective"
+    stopped = kept.filter(pl.col("status") == "STOPPED").height if "status" in kept.columns else 0
+    if stopped:
+        text += f" ({stopped} stopped early, compared at the epoch they stopped)"
+    if left.height:
+        words = {"FINISHED": "finished", "STOPPED": "stopped early", "FAILED": "failed", "KILLED": "killed"}
+        why = Counter(
+            (words.get(r.get("status"), str(r.get("status") or "without a status").lower()),
+             next(m for m, _ in objectives if r.get(m) is None))
+            for r in left.iter_rows(named=True)
+        )  # fmt: skip
+        text += "; left out: " + ", ".join(f"{n} {w} without {m}" for (w, m), n in sorted(why.items()))
+    return text
 
 
 def pareto_figure(trials: pl.DataFrame, path: Path, objectives: Sequence[Objective] = DEFAULT_OBJECTIVES) -> Path:

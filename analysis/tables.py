@@ -647,12 +647,17 @@ def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
     selected = select_best(trials, rule=rule)
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", ["Task", "Method"])
-    from stabray.record import EPOCH_METRICS, FINAL_METRICS, META_COLUMNS
+    from stabray.record import EPOCH_METRICS, FINAL_METRICS, META_COLUMNS, is_metric
 
+    # every metric column is left out, the sized ones too (test_acc_n5, trivial_test_acc_n5: a trial frame
+    # gets one column per size a task evaluated at, and a failed trial's null makes them look "varied")
     params = [
         c
         for c in trials.columns
-        if c not in META_COLUMNS and c not in NOT_HPARAMS and c not in FINAL_METRICS + EPOCH_METRICS
+        if c not in META_COLUMNS
+        and c not in NOT_HPARAMS
+        and c not in FINAL_METRICS + EPOCH_METRICS
+        and not is_metric(c)
     ]
     varied = [c for c in params if c not in HPARAMS and trials[c].n_unique() > 1]
     hp = [c for c in HPARAMS if c in trials.columns and trials[c].drop_nulls().len() > 0] + sorted(varied)
@@ -704,7 +709,8 @@ def eaf_reduction(trials: pl.DataFrame, methods: Sequence[str] = PAPER_METHODS, 
             e = eaf.get((t, m))
             factor = ref / e if ref is not None and e not in (None, 0.0) else None
             data.append({"task": t, "method": m, "eaf": e, "eaf_reference": ref, "reduction": factor})
-            col.append(MISSING if factor is None else f"{factor:.2f}×")
+            # a method without an EAF says why, as Table 1 does: not run, no finished trial, or finished without one
+            col.append((_absent(trials, t, m) if e is None else MISSING) if factor is None else f"{factor:.2f}×")
         display[task_label(t)] = col
     notes = []
     if not eaf:

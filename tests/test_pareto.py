@@ -333,3 +333,26 @@ def test_two_objective_sweep_through_the_cli_writes_the_front(tmp_path, monkeypa
     assert "Selection rule (`--select knee`)" in readme and "Pareto front of val_acc (max), val_eaf (min)" in readme
     assert (tmp_path / "rep" / "pareto_front.png").stat().st_size > 0
     assert FRONT not in front.columns  # the table shows members, not the mask
+
+
+def test_front_caption_says_what_was_left_out_and_why():
+    """Stopped trials are on the front's footing (their last reported values); trials missing an
+    objective are left out, counted by status and the objective they miss."""
+    from analysis.pareto import pareto_table
+
+    df = pl.DataFrame(
+        {
+            "name": ["a", "b", "c", "d", "e"],
+            "status": ["FINISHED", "STOPPED", "FAILED", "FINISHED", "FAILED"],
+            "val_acc": [0.9, 0.8, None, 0.7, None],
+            "val_eaf": [5.0, 2.0, None, None, None],
+        },
+        schema_overrides={"val_acc": pl.Float64, "val_eaf": pl.Float64},
+    )
+    t = pareto_table(df, [("val_acc", "max"), ("val_eaf", "min")])
+    assert t.data["name"].to_list() == ["a", "b"]
+    assert t.caption.startswith(
+        "Pareto front of val_acc (max), val_eaf (min): 2 of 2 trials with every objective (1 stopped early, "
+        "compared at the epoch they stopped); left out: 2 failed without val_acc, 1 finished without val_eaf; "
+    ), t.caption
+    assert "left out" not in pareto_table(df.head(2), [("val_acc", "max"), ("val_eaf", "min")]).caption
