@@ -684,7 +684,8 @@ def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
         ]
         for r in rows
     ]
-    data = selected.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "val_acc"})
+    data = pl.DataFrame(rows, schema=selected.schema)  # the CSV in the order of the displayed rows
+    data = data.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "val_acc"})
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)
 
 

@@ -147,7 +147,10 @@ def test_missing_cells_are_marked():
     assert "EAF" in eaf_reduction(trials).note
     only_alg1 = trials.with_columns(test_eaf=pl.when(pl.col("method") == "alg1").then(2.0))
     red = eaf_reduction(only_alg1)
-    assert "sft_cot" in red.note and (red.display.drop("Method") == MISSING).to_numpy().all()
+    assert "sft_cot" in red.note and set(red.display.drop("Method").to_numpy().ravel()) == {MISSING, NOT_RUN}
+    # an empty cell says why, as in Table 1: alg1 has an EAF but no reference; coconut never ran
+    assert red.display.filter(pl.col("Method") == "Algorithm 1")["BFS"][0] == MISSING
+    assert red.display.filter(pl.col("Method") == "Coconut")["Dijkstra"][0] == NOT_RUN
 
 
 def test_latex_escaping():
