@@ -148,7 +148,11 @@ def figures(args, revs: dict, sides: list[dict], rounds: list[dict], cmd: str) -
                 f" / base {revs[base]['rev']} ({revs[base]['sha'][:7]})"
             )
             each = ", ".join(f"{v:.3g}/{b:.3g}" for v, b in zip(vals, bases))
-            detail = f"per round {h}/base {each} {unit}; 1-minute load {min(loads):.1f}-{max(loads):.1f}"
+            detail = (
+                f"{h} median {median(vals):.3g} [{min(vals):.3g}, {max(vals):.3g}] {unit}, base median "
+                f"{median(bases):.3g} [{min(bases):.3g}, {max(bases):.3g}] {unit}; per round {h}/base {each}; "
+                f"1-minute load {min(loads):.1f}-{max(loads):.1f}"
+            )
             figs.append(figure(name, label, vals, unit, cmd, baselines=bases, detail=detail))
     return figs
 

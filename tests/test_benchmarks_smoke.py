@@ -6,6 +6,7 @@ from the committed benchmarks/results/summary.json."""
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ def load(name: str):
     """benchmarks/bench_<name>.py, or benchmarks/<name>.py for the helpers (common, readme_table)."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))  # bench_qat imports bench_train, bench_search bench_sweep
-    file = BENCH / f"{name}.py" if name in ("common", "readme_table") else BENCH / f"bench_{name}.py"
+    file = BENCH / f"{name}.py" if name in ("common", "readme_table", "ab_revisions") else BENCH / f"bench_{name}.py"
     spec = importlib.util.spec_from_file_location(file.stem, file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -74,6 +75,35 @@ def test_figure_statistics_and_schema():
         ({**f, "min": 9.0}, "min > max"),
     ):
         assert any(why in p for p in c.check_figure(broken)), (why, c.check_figure(broken))
+
+
+def test_ab_revisions_smoke(tmp_path):
+    """ab_revisions --smoke: HEAD exported with git archive (base) and this checkout (head), each arm in
+    its own process importing its own side's stabray; the figures follow the schema and are the
+    per-round results of the arms; every arm has the load before and after it."""
+    ab = load("ab_revisions")
+    assert [ab.order(["a", "b", "c"], r)[0] for r in range(3)] == ["a", "b", "c"]  # each side first once
+    out = tmp_path / "ab.json"
+    assert ab.main(["data", "--smoke", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    check_figures(r["figures"])
+    assert r["command"] == "python benchmarks/ab_revisions.py data --smoke"
+    head_sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert r["revisions"]["base"]["sha"] == head_sha.strip() and r["revisions"]["head"]["rev"] == "worktree"
+    trees = r["trees"]
+    assert Path(trees["head"]) == ROOT and Path(trees["base"]) != ROOT  # the base side is an export
+    assert len(r["rounds"]) == 1
+    for side in ("base", "head"):
+        own = str(Path(trees[side]).resolve() / "stabray" / "__init__.py")
+        assert r["prepare"][side]["stabray"] == own and r["prepare"][side]["files"] > 0
+        arm = r["rounds"][0][side]
+        assert arm["stabray"] == own and len(arm["load_cpu_s_each"]) == 3
+        assert arm["load_cpu_s"] == pytest.approx(statistics.median(arm["load_cpu_s_each"]))
+        assert arm["load_before"] >= 0 and arm["load_after"] >= 0
+    cpu = next(f for f in r["figures"] if f["name"] == "ab_cached_load_cpu")
+    base, head = r["rounds"][0]["base"]["load_cpu_s"], r["rounds"][0]["head"]["load_cpu_s"]
+    assert (cpu["value"], cpu["baseline"], cpu["repeats"]) == (head, base, 1)
+    assert cpu["ratio"] == pytest.approx(head / base) == cpu["min"] == cpu["max"]
 
 
 def test_readme_table_is_rendered_from_the_committed_summary():
