@@ -3,7 +3,7 @@ runs every epoch) vs the same 8 configurations in a plain process pool; the same
 instance started beforehand (the floor: what is left without Ray's start); and the cost per logged
 result of MLflow logging (one `log_batch` vs one call per metric key).
 
-    python benchmarks/bench_sweep.py [--smoke] [--json out.json] [--epochs 3] [--trials 8] [--repeats 3]
+    python benchmarks/bench_sweep.py [--smoke] [--json out.json] [--epochs 3] [--trials 8] [--repeats 5]
     python benchmarks/bench_sweep.py --profile cold      # one sweep, where its wall and CPU time go
 
 The sweep is `sweeps/dijkstra.yaml` (the default laptop sweep) with `search.scheduler=fifo` and
@@ -18,8 +18,10 @@ starting a private local Ray instance, as `--address local` does: it would other
 already running on the machine), "warm" (a private Ray instance started before the clock: the
 floor), and the pool. Overhead = arm wall / pool wall - 1 per repeat; reported: median and range over
 the repeats (target: cold <= 10%). The same by CPU time: CPU seconds of every process of each side
-(the driver, Ray's daemons and workers, read just before Ray shuts down; the pool's driver and
-workers), which another job on the machine slows down but does not add to.
+(the driver, Ray's daemons and workers, read every second while the sweep runs, so that the trial
+actors Tune ends before `Tuner.fit` returns count too; the pool's driver and workers), which another
+job on the machine slows down but does not add to. The first trial in each process (Ray actor or pool
+worker) imports the training code inside its span on both sides.
 
 Per-trial time, on both sides from the same clock (time.time() in the trial's own process) over the
 same span (the trial function's start to its last report): Ray's `time_total_s` and the pool's own.
@@ -115,9 +117,9 @@ def _pool_init() -> None:
 
 def pool_trial(config: dict) -> dict:
     """One trial without Ray or MLflow: what the trainable computes, minus reporting/checkpoints."""
-    from stabray.train import make_run
-
     start = time.time()  # the same clock Ray's time_total_s uses, in the trial's own process
+    from stabray.train import make_run  # inside the span, as in the trainable (a first trial imports it)
+
     run = make_run(config)
     while not run.done:
         m = run.epoch()
@@ -235,12 +237,12 @@ def run_stabray(spec, path, tmp: Path, tag: str, warm_ray: bool, prof: Profiler 
     if prof is not None:
         prof.install()
     try:
-        cpu0 = tree_cpu()  # a warm Ray's daemons and idle workers: their start-up is not counted
+        sampler = CpuSampler()  # from here: a warm Ray's daemons and idle workers' start-up is not counted
         t0, w0 = time.perf_counter(), time.time()
         grid, _ = sweep.run_sweep(spec, path, tracking_uri=uri, storage=str(tmp / f"runs-{tag}"), address="local")
         wall, w_end = time.perf_counter() - t0, time.time()
         t_init, w_ray = ray_up[0][0] - t0, ray_up[0][1]
-        cpu = cpu_by_kind(cpu0, tree_cpu())  # before Ray shuts down: its processes are alive
+        cpu = sampler.stop()  # before Ray shuts down; trial actors that Tune already ended: last reading
     finally:
         sweep.ray_loggers, sweep.init_ray = loggers, init
         if prof is not None:
@@ -282,8 +284,8 @@ def profile_table(prof: Profiler, w0: float, w_ray: float, w_end: float, tl) -> 
 class Profiler:
     """Wall seconds spent inside named driver-side calls during one sweep (nested calls count in both
     their own bucket and their caller's), wall-clock marks of the sweep's phases, and the CPU seconds
-    of every process of the sweep's process tree (driver, Ray's daemons, the trial workers), read just
-    before Ray shuts down. Installed by patching, removed by `undo`."""
+    of every process of the sweep's process tree (driver, Ray's daemons, the trial workers), read every
+    second (`CpuSampler`). Installed by patching, removed by `undo`."""
 
     def __init__(self):
         self.spent: dict[str, float] = {}
@@ -385,12 +387,38 @@ def tree_cpu() -> dict[int, tuple[str, float]]:
 
 
 def cpu_by_kind(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
-    """CPU seconds each kind of process spent between two `tree_cpu` snapshots (a process that ended
-    in between is not counted: Ray's run until shutdown)."""
+    """CPU seconds each kind of process spent between two `tree_cpu` snapshots."""
     out: dict[str, float] = {}
     for pid, (kind, cpu) in after.items():
         out[kind] = out.get(kind, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
     return out
+
+
+class CpuSampler:
+    """CPU seconds of every process of the sweep, by kind, from construction to `stop()`. A single
+    reading at the end misses processes that ended before it: Tune ends its trial actors when the
+    last trial finishes, before `Tuner.fit` returns, so they are read every `every` seconds and each
+    process counts with its last reading (at most `every` seconds of a process's CPU can be missed)."""
+
+    def __init__(self, every: float = 1.0):
+        import threading
+
+        self.before = tree_cpu()
+        self.last = dict(self.before)
+        self._done = threading.Event()
+        self._every = every
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every):
+            self.last.update(tree_cpu())
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self._thread.join()
+        self.last.update(tree_cpu())
+        return cpu_by_kind(self.before, self.last)
 
 
 # -- MLflow logging cost ---------------------------------------------------------------------------
@@ -471,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3, help="epochs per trial")
     p.add_argument("--trials", type=int, default=8)
     p.add_argument("--workers", type=int, default=2, help="pool processes = the sweep's max_concurrent")
-    p.add_argument("--repeats", type=int, default=3, help="rounds of (cold sweep, warm sweep, pool), order rotating")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of (cold sweep, warm sweep, pool), order rotating")
     p.add_argument("--no-floor", action="store_true", help="skip the sweep on a pre-started Ray")
     p.add_argument("--mlflow-results", type=int, default=40, help="results logged per MLflow variant")
     p.add_argument("--skip-sweep", action="store_true", help="only the MLflow logging cost")
