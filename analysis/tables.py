@@ -181,6 +181,29 @@ def _absent(trials: pl.DataFrame, task: str, method: str) -> str:
     return MISSING
 
 
+def _unselected(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str]) -> dict[tuple, str]:
+    """The groups (values of `by`) that ran but have no selected configuration, each with why: "no
+    finished trial" (every trial stopped early, failed or was killed) or "–" (finished without a
+    validation score). A row-per-group table shows them as rows instead of leaving them out."""
+    by = list(by)
+    ran = trials.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in by))
+    have = {tuple(r[c] for c in by) for r in selected.iter_rows(named=True)}
+    out = {}
+    for r in ran.select(by).unique(maintain_order=True).iter_rows(named=True):
+        key = tuple(r[c] for c in by)
+        if key in have:
+            continue
+        mine = ran.filter(pl.all_horizontal(pl.col(c) == v for c, v in zip(by, key)))
+        done = mine.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED"))
+        out[key] = NO_FINISHED if done.is_empty() else MISSING
+    return out
+
+
+def _first_row(trials: pl.DataFrame, by: Sequence[str], key: tuple) -> dict:
+    """The first trial of a group, as a dict (its task, method, model... for a row that says why it is empty)."""
+    return trials.filter(pl.all_horizontal(pl.col(c) == v for c, v in zip(by, key))).row(0, named=True)
+
+
 def _epochs(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP) -> str:
     """The epochs the seeds of the selected configurations ran ("12", or "6–12")."""
     e = seeds_of(trials, selected, by)["n_epochs"].drop_nulls() if not selected.is_empty() else pl.Series([])
@@ -359,7 +382,8 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: R
     """Per task, method and bit-width: test accuracy, loss gap, bound, Σρ and Σε at T (5, as the
     paper; T_max where the chains are shorter), on each method's evaluation chain; each a mean over
     the selected configuration's finished seeds, with n. Every stability column comes from the eq. (4)
-    table only (a trial without one leaves them empty: no per-epoch or final EAF is put in its place)."""
+    table only (a trial without one leaves them empty: no per-epoch or final EAF is put in its place).
+    A (task, method, bits) that ran without a finished trial keeps its row, saying so."""
     name = "table3_bits"
     caption = (
         f"Decomposition of eq. (4) per QAT bit-width at T = {T} or T_max if smaller, test split, mean over "
@@ -377,11 +401,16 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: R
         tuple(r[c] for c in GROUP) + (r["bits"],) for r in select_best(with_bits, rule=rule).iter_rows(named=True)
     }
     scale = _pct_scale(with_bits["test_acc"])
-    keys = [tuple(r[c] for c in by) for r in selected.iter_rows(named=True)]
+    absent = _unselected(with_bits, selected, by)
+    keys = [tuple(r[c] for c in by) for r in selected.iter_rows(named=True)] + list(absent)
     disp, data = [], []
-    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
-    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
+    tasks = ordered([k[0] for k in keys], TASK_ORDER)
+    meths = ordered([k[1] for k in keys], PAPER_METHODS)
     for key in sorted(keys, key=lambda k: (tasks.index(k[0]), meths.index(k[1]), k[2])):
+        if key in absent:  # ran, but nothing to average: the row says why
+            data.append({"task": key[0], "method": key[1], "bits": key[2], "n_acc": 0, "absent": absent[key]})
+            disp.append([task_label(key[0]), method_label(key[1]), str(key[2]), absent[key], *[MISSING] * 6, ""])
+            continue
         a, d = acc.get(key, {}), dec.get(key, {})
         rec = {
             "task": key[0],
@@ -401,6 +430,7 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: R
             "T": d.get("T"),
             "n_decomposition": d.get("n"),
             "selected": key in winners,
+            "absent": None,
         }
         data.append(rec)
         disp.append(
@@ -419,7 +449,9 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: R
             ]
         )
     note = GAP_NOTE + ("" if dec else " No stability decomposition logged: loss gap, bound, Σρ, Σε and T are missing.")
-    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
+    return Table(
+        name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data, infer_schema_length=None), note
+    )
 
 
 def table4(
@@ -427,7 +459,8 @@ def table4(
 ) -> Table:
     """Bound decomposition at T (5, as the paper; T_max if smaller) per (task, method) selected
     configuration (per (task, method, model) with `by` naming the model too: the paper's Table 4
-    compares two base models), on each method's evaluation chain (Coconut: its latent slots)."""
+    compares two base models), on each method's evaluation chain (Coconut: its latent slots). A group
+    that ran without a finished trial keeps its row, saying so."""
     name, caption = (
         "table4_decomposition",
         f"Decomposition of eq. (4) at T = {T} or T_max if smaller, per method (selected configuration, seed mean)",
@@ -439,29 +472,44 @@ def table4(
     if selected.is_empty():
         return _empty(name, caption, "No finished trials.", cols)
     dec = _decomp_means(trials, decomp, selected, by, keys, T)
-    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
-    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
+    absent = _unselected(trials, selected, by)
+    rows = [*selected.iter_rows(named=True), *(_first_row(trials, by, k) for k in absent)]
+    tasks = ordered([r["task"] for r in rows], TASK_ORDER)
+    meths = ordered([r["method"] for r in rows], PAPER_METHODS)
     disp, data = [], []
     order = lambda r: (tasks.index(r["task"]), str(r.get("model")), meths.index(r["method"]))  # noqa: E731
-    for r in sorted(selected.iter_rows(named=True), key=order):
-        d = dec.get(tuple(r[c] for c in by), {})
+    for r in sorted(rows, key=order):
+        group = tuple(r[c] for c in by)
+        d = dec.get(group, {})
         model = r.get("model")
         vals = {k: d.get(k) for k in keys}
+        why = absent.get(group)
         data.append(
-            {"task": r["task"], "model": model, "method": r["method"], **vals, "T": d.get("T"), "n": d.get("n")}
+            {
+                "task": r["task"],
+                "model": model,
+                "method": r["method"],
+                **vals,
+                "T": d.get("T"),
+                "n": d.get("n", 0 if why else None),
+                "absent": why,
+            }
         )
+        cells = [why, *[MISSING] * (len(keys) - 1)] if why else [fmt_num(vals[k]) for k in keys]
         disp.append(
             [
                 task_label(r["task"]),
                 model or MISSING,
                 method_label(r["method"]),
-                *(fmt_num(vals[k]) for k in keys),
+                *cells,
                 fmt_num(d.get("T")),
-                fmt_num(d.get("n")),
+                fmt_num(d.get("n", 0 if why else None)),
             ]
         )
     note = GAP_NOTE + ("" if dec else " No stability decomposition logged: every term is missing.")
-    return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data), note)
+    return Table(
+        name, caption, pl.DataFrame(disp, schema=cols, orient="row"), pl.DataFrame(data, infer_schema_length=None), note
+    )
 
 
 def _pm(mean, std) -> str:
@@ -642,7 +690,8 @@ def bits_study(trials: pl.DataFrame, by: Sequence[str] = ("task", "method", "lam
 
 
 def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
-    """The selected hyperparameters per (task, method)."""
+    """The selected hyperparameters per (task, method); one that ran without a finished trial keeps its
+    row, saying so."""
     name, caption = "table5_hparams", f"Selected hyperparameters per task and method ({rule.describe()})"
     selected = select_best(trials, rule=rule)
     if selected.is_empty():
@@ -661,9 +710,14 @@ def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
     ]
     varied = [c for c in params if c not in HPARAMS and trials[c].n_unique() > 1]
     hp = [c for c in HPARAMS if c in trials.columns and trials[c].drop_nulls().len() > 0] + sorted(varied)
-    tasks = ordered(selected["task"].to_list(), TASK_ORDER)
-    meths = ordered(selected["method"].to_list(), PAPER_METHODS)
-    rows = sorted(selected.iter_rows(named=True), key=lambda r: (tasks.index(r["task"]), meths.index(r["method"])))
+    absent = _unselected(trials, selected, GROUP)
+    tasks = ordered(selected["task"].to_list() + [k[0] for k in absent], TASK_ORDER)
+    meths = ordered(selected["method"].to_list() + [k[1] for k in absent], PAPER_METHODS)
+    blank = {c: None for c in selected.columns}
+    rows = sorted(
+        [*selected.iter_rows(named=True), *({**blank, "task": t, "method": m} for t, m in absent)],
+        key=lambda r: (tasks.index(r["task"]), meths.index(r["method"])),
+    )
     cols = ["Task", "Method", *(HPARAM_LABELS.get(c, c) for c in hp), "Val. acc. (%)", "Trial"]
     scale = _pct_scale(selected["score"])
 
@@ -679,13 +733,15 @@ def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
             task_label(r["task"]),
             method_label(r["method"]),
             *(show(c, r[c]) for c in hp),
-            f"{r['score'] * scale:.1f}",
-            r["trial_id"],
+            f"{r['score'] * scale:.1f}" if r["trial_id"] is not None else absent[(r["task"], r["method"])],
+            r["trial_id"] or MISSING,
         ]
         for r in rows
     ]
     data = pl.DataFrame(rows, schema=selected.schema)  # the CSV in the order of the displayed rows
     data = data.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "val_acc"})
+    why = [None if r["trial_id"] is not None else absent[(r["task"], r["method"])] for r in rows]
+    data = data.with_columns(absent=pl.Series(why, dtype=pl.Utf8))
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)
 
 

@@ -238,6 +238,33 @@ def test_cells_say_why_they_are_empty_and_tables_show_epochs():
     assert "epochs run: 3" in t.caption
 
 
+def test_row_tables_keep_a_row_for_groups_without_a_finished_trial():
+    """Tables 3-5 (a row per group) show a (task, method) that ran but has nothing to average as a row
+    that says why, in the methods' order, instead of leaving it out; the CSV says it in `absent`."""
+    records = [
+        rec("a", val=(0.5, 0.6), test=0.7, decomp=decomp_rows()),
+        rec("b", method="alg1", bits=4, val=(0.9,), status="STOPPED"),
+        rec("c", method="nso", val=(0.4,), status="FAILED"),
+        rec("d", method="coconut", val=()),  # finished, but no validation score
+    ]
+    trials, decomp = trials_frame(records), decomposition_frame(records)
+    t3, t4, t5 = table3(trials, decomp), table4(trials, decomp), table5(trials)
+    assert t3.display["Method"].to_list() == ["SFT-CoT", "Coconut", "NSO", "Algorithm 1"]
+    assert t3.display["Test acc. (%)"].to_list() == ["70.0 (n=1)", MISSING, NO_FINISHED, NO_FINISHED]
+    assert t3.display["Bits"].to_list() == ["32", "32", "32", "4"]
+    assert t3.data["absent"].to_list() == [None, MISSING, NO_FINISHED, NO_FINISHED]
+    assert t3.data["n_acc"].to_list() == [1, 0, 0, 0]
+    assert t4.display["Method"].to_list() == ["SFT-CoT", "Coconut", "NSO", "Algorithm 1"]
+    assert t4.display["Loss gap"].to_list()[1:] == [MISSING, NO_FINISHED, NO_FINISHED]
+    assert t4.display["Model"].to_list() == ["tiny"] * 4 and t4.display["n"].to_list()[1:] == ["0"] * 3
+    assert t4.data["absent"].to_list() == [None, MISSING, NO_FINISHED, NO_FINISHED]
+    assert t5.display["Method"].to_list() == ["SFT-CoT", "Coconut", "NSO", "Algorithm 1"]
+    assert t5.display["Val. acc. (%)"].to_list() == ["60.0", MISSING, NO_FINISHED, NO_FINISHED]
+    assert t5.display["Trial"].to_list() == ["a", MISSING, MISSING, MISSING]
+    assert t5.data["absent"].to_list() == [None, MISSING, NO_FINISHED, NO_FINISHED]
+    assert t5.data["trial_id"].to_list() == ["a", None, None, None]
+
+
 def test_report_counts_statuses_and_lists_stopped_trials():
     from analysis.report import status_line, stopped_section
 

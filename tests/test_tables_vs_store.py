@@ -187,6 +187,17 @@ def row_at(t, T=PAPER_T):
     return max(rows, key=lambda r: r["T"]) if rows else None
 
 
+def ran(trials, by):
+    """Every group (values of `by`) with at least one trial, whatever its status."""
+    return {key(t, by) for t in trials if all(v is not None for v in key(t, by))}
+
+
+def why_empty(trials, by, g):
+    """What a row-per-group table shows for a group without a selected trial."""
+    mine = [t for t in trials if key(t, by) == g]
+    return "no finished trial" if not finished(mine) else "–"
+
+
 def absent(trials, method, task="dijkstra"):
     mine = [t for t in trials if t.params.get("method") == method and t.params.get("task") == task]
     return "not run" if not mine else "no finished trial" if not finished(mine) else "–"
@@ -359,14 +370,21 @@ def test_table3_every_cell(store, built):
     chosen = select(store, by)
     winners = {key(t, ("task", "method", "bits")) for t in select(store, ("task", "method")).values()}
     order = lambda g: (PAPER_METHODS.index(g[1]), int(g[2]))  # noqa: E731
-    groups = sorted(chosen, key=order)
+    groups = sorted(ran(store, by), key=order)  # a group without a finished trial too: its row says so
     cols = ["Task", "Method", "Bits", "Test acc. (%)", "Loss gap", "Bound", "Σρ", "Σε", "T", "n", "sel."]
     for folder in (built.repro, built.report):
         _, header, rows, _ = md(folder / "table3_bits.md")
         data = csv_rows(folder / "table3_bits.csv")
-        assert header == cols and len(rows) == len(data) == len(groups) == 3
+        # NSO logged no bits param: not a row of the per-bit-width table (tests/test_analysis.py has one that is)
+        assert header == cols and len(rows) == len(data) == len(groups) == len(chosen) == 3
         for row, c, g in zip(rows, data, groups, strict=True):
             what = ("table3", g)
+            if g not in chosen:
+                why = why_empty(store, by, g)
+                assert why == "no finished trial" and (row["Method"], row["Bits"]) == (LABELS[g[1]], g[2])
+                assert row["Test acc. (%)"] == c["absent"] == why and int(c["n_acc"]) == 0, (what, row)
+                assert all(row[k] == "–" for k in cols[4:-1]) and row["sel."] == "", (what, row)
+                continue
             trials = seeds(store, chosen[g], by)
             assert (row["Method"], row["Bits"]) == (LABELS[g[1]], g[2]) and (c["method"], c["bits"]) == g[1:]
             mean, std, n = stats([t.metrics.get("test_acc") for t in trials])
@@ -395,14 +413,21 @@ def test_table4_every_cell(store, built):
     chosen = select(store, by)
     keys = ["loss_gap", "bound", "first_order", "second_order", "C1", "C2"]
     labels = ["Loss gap", "Bound", "First-order", "Second-order", "C1", "C2"]
-    groups = sorted(chosen, key=lambda g: PAPER_METHODS.index(g[1]))
+    groups = sorted(ran(store, by), key=lambda g: PAPER_METHODS.index(g[1]))
     for folder in (built.repro, built.report):
         _, header, rows, _ = md(folder / "table4_decomposition.md")
         data = csv_rows(folder / "table4_decomposition.csv")
         assert header == ["Task", "Model", "Method", *labels, "T", "n"]
-        assert len(rows) == len(data) == len(groups) == 2  # NSO: no finished trial, no row
+        assert len(rows) == len(data) == len(groups) == 3 and len(chosen) == 2  # NSO: a row saying why
         for row, c, g in zip(rows, data, groups, strict=True):
             what = ("table4", g)
+            if g not in chosen:
+                why = why_empty(store, by, g)
+                model = next(t.params["model"] for t in store if key(t, by) == g)
+                assert why == "no finished trial" and (row["Method"], row["Model"]) == (LABELS[g[1]], model)
+                assert row["Loss gap"] == c["absent"] == why and row["n"] == c["n"] == "0", (what, row)
+                assert all(row[k] == "–" for k in [*labels[1:], "T"]), (what, row)
+                continue
             sel = chosen[g]
             at = [row_at(t) for t in seeds(store, sel, by) if row_at(t)]
             assert (row["Method"], row["Model"]) == (LABELS[g[1]], sel.params["model"])
@@ -480,7 +505,8 @@ def test_appendix_b2_every_cell(store, built):
 
 def test_table5_every_cell(store, built):
     chosen = select(store, ("task", "method"))
-    groups = sorted(chosen, key=lambda g: PAPER_METHODS.index(g[1]))
+    by = ("task", "method")
+    groups = sorted(ran(store, by), key=lambda g: PAPER_METHODS.index(g[1]))
     logged = {m for t in store for m in t.metrics}
     for folder in (built.repro, built.report):
         _, header, rows, _ = md(folder / "table5_hparams.md")
@@ -489,8 +515,14 @@ def test_table5_every_cell(store, built):
         assert header[-2:] == ["Val. acc. (%)", "Trial"]
         # a hyperparameter column is a param of the trials, never one of their metrics
         assert not set(header) & logged and not set(data[0]) & (logged - {"val_acc"}), header
-        assert len(rows) == len(data) == len(groups) == 2
+        assert len(rows) == len(data) == len(groups) == 3 and len(chosen) == 2
         for row, c, g in zip(rows, data, groups, strict=True):
+            if g not in chosen:
+                why = why_empty(store, by, g)
+                assert why == "no finished trial" and row["Method"] == LABELS[g[1]], row
+                assert row["Val. acc. (%)"] == c["absent"] == why and row["Trial"] == "–" and c["trial_id"] == ""
+                assert all(row[k] == "–" for k in header[2:-2]), row
+                continue
             sel = chosen[g]
             assert row["Method"] == LABELS[g[1]] and row["Trial"] == sel.id == c["trial_id"]
             shows(row["Val. acc. (%)"], sel.score * 100)
