@@ -128,3 +128,53 @@ def test_named_lego_states_carry_the_same_values(name):
         )
         assert plain.baseline_accuracy([a]) == nm.baseline_accuracy([b])
     assert "named_states" not in plain.describe() and nm.describe()["named_states"] is True
+
+
+def resolve_lego(question: str, group: str) -> list[tuple[str, str]]:
+    """The chain of (variable, value) read back from a LEGO question's clauses: the root first, then
+    each variable whose clause names the one before (an independent solver of the text)."""
+    clauses = re.search(r"clauses: (.*)\n", question).group(1).split("; ")
+    root, rules = None, {}
+    for c in clauses:
+        lhs, rhs = c.split(" = ")
+        parts = rhs.split()
+        if len(parts) == 1:
+            root = (lhs, parts[0])
+        elif group == "lego_cyclic":  # "y = x + a"
+            rules[parts[0]] = (lhs, lambda v, a=int(parts[2]): str((int(v) + a) % 6))
+        else:  # "y = s * x": y(i) = s(x(i))
+            rules[parts[2]] = (lhs, lambda v, s=parts[0]: "".join(s[int(d) - 1] for d in v))
+    chain = [root]
+    while chain[-1][0] in rules:
+        name, op = rules[chain[-1][0]]
+        chain.append((name, op(chain[-1][1])))
+    return chain
+
+
+@pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
+@pytest.mark.parametrize("named", [False, True])
+def test_delta_trace_resolves_one_variable_per_step(name, named):
+    state = get_task(name, n_vars=6, named_states=named)
+    delta = get_task(name, n_vars=6, named_states=named, trace="delta")
+    for seed in range(20):
+        for k in (2, 4, 6):
+            a = state.sample(np.random.RandomState(seed), k)
+            b = delta.sample(np.random.RandomState(seed), k)
+            assert b.question == a.question and b.final == a.final  # the same draw, the same answer
+            chain = resolve_lego(b.question, name)
+            assert len(chain) == k and list(b.steps) == [f"{v} {x}" for v, x in chain]
+            assert len(a.steps) == k - 1
+            values = dict(chain)
+            names = sorted(values)
+            expect = " ".join(f"{u} {values[u]}" if named else values[u] for u in names)
+            assert normalize_answer(b.final) == normalize_answer(f"[{expect}]")
+            assert delta.baseline_accuracy([b]) == state.baseline_accuracy([a])
+            assert b.answer.startswith(", ".join(b.steps) + " | ")
+    assert "trace" not in state.describe() and delta.describe()["trace"] == "delta"
+
+
+def test_lego_trace_must_be_known():
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match="trace must be one of state, delta, got 'deltas'"):
+        get_task("lego_cyclic", n_vars=4, trace="deltas")

@@ -21,6 +21,13 @@ Groups:
 Named states (`named_states: true`, a laptop-scale variant): every state entry is written
 `name value` (`[f 3 i n s n]`), so each slot carries its variable's name; the content is the same.
 Tiny from-scratch models learn LEGO only in this form (the default renders values alone).
+
+Delta trace (`trace: delta`, a laptop-scale variant for length generalization): step j writes only
+the j-th variable of the chain and its value (`f 3`), as the LEGO paper's chain of thought resolves
+one variable per step, so there are k steps of the same length at every k; the final answer is the
+state vector as above. A step then needs a content lookup (the clause whose right-hand side names
+the variable just resolved) instead of copying a state whose length, and so the distance to copy
+from, grows with k. The default (`trace: state`) writes the whole state at every step.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ def compose(s: tuple[int, ...], x: tuple[int, ...]) -> tuple[int, ...]:
 class LegoParams:
     n_vars: int = 8  # variables in the chain (the paper: 8; length generalization: 9 and 10)
     named_states: bool = False  # write each state entry as "name value" ([f 3 i n]): a name per slot
+    trace: str = "state"  # "state": the whole state vector per step; "delta": the variable resolved ("f 3")
+
+
+TRACES = ("state", "delta")
 
 
 class LegoTask(Task):
@@ -70,6 +81,8 @@ class LegoTask(Task):
         super().__init__(**params)
         if not isinstance(self.params.named_states, bool):
             raise UserError(f"task {self.name!r}: named_states must be true or false, got {self.params.named_states!r}")
+        if self.params.trace not in TRACES:
+            raise UserError(f"task {self.name!r}: trace must be one of {', '.join(TRACES)}, got {self.params.trace!r}")
 
     def check_size(self, size: int) -> None:
         super().check_size(size)
@@ -113,10 +126,14 @@ class LegoTask(Task):
         for v in chain:
             known.add(v)
             states.append(self.fmt_state(names, [value_of[u] if u in known else UNKNOWN for u in names]))
+        if self.params.trace == "delta":  # every resolution, in chain order; the final gathers them
+            steps = tuple(f"{v} {value_of[v]}" for v in chain)
+        else:  # every state but the last, which is the final answer
+            steps = tuple(states[:-1])
         head = f"{self.name}:\nvars: [{' '.join(names)}], clauses: {'; '.join(shown)}\n"
         return Example(
             question=head + "trace | values:\n",
-            steps=tuple(states[:-1]),
+            steps=steps,
             final=states[-1],
             question_nohint=head + "values:\n",
             meta={"n": k, "chain": chain, "values": [value_of[v] for v in chain]},
@@ -132,6 +149,8 @@ class LegoTask(Task):
         d = super().describe()
         if not d.get("named_states"):  # the default format keeps its dataset cache keys
             d.pop("named_states", None)
+        if d.get("trace") == "state":
+            d.pop("trace", None)
         return d
 
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
