@@ -323,7 +323,13 @@ STUDIES: dict[str, Study] = {
                 group=("task", "method", "model"),
                 note="Dijkstra, two sizes of the embedded decoder",
             ),
-            Plan(_BF_MODELS, ("figure5",), rerun=True, group=("task", "method", "model"), note="Bellman-Ford only"),
+            Plan(
+                (*_BF_MODELS, "studies/paper/mst_prim_llama_sft", "studies/paper/mst_prim_gemma_sft"),
+                ("figure5",),
+                rerun=True,
+                group=("task", "method", "model"),
+                note="Bellman-Ford and Prim, Llama-3.2-1B and Gemma-2-2B",
+            ),
         ),
         Study(
             "ablation-compression",
@@ -548,7 +554,8 @@ def format_plan(study: Study, profile: str, plan: Plan, specs: list[SpecPlan], s
             groups = estimated_groups(sp, plan.group)
             n = groups * max(0, seeds - 1)
             lines.append(
-                f"    {sp.name}: about {groups} configurations -> at most {n} reruns x {sp.epochs} epochs = "
+                f"    {sp.name}: about {groups} configuration{'s' if groups != 1 else ''} -> at most {n} reruns x "
+                f"{sp.epochs} epochs = "
                 f"{n * sp.epochs} trial-epochs (estimated: the selected trial's own seed counts, seeds already run "
                 "are skipped)"
             )

@@ -179,7 +179,7 @@ def test_tiny_study_end_to_end_then_reused(tmp_path, monkeypatch, capsys):
     reproduce(study, "laptop", dry_run=True, **kw)
     printed = capsys.readouterr().out
     assert "1 trials (random, num_samples 1), 1 epochs, FIFO: 1 trial-epochs" in printed
-    assert "about 1 configurations -> at most 1 reruns x 1 epochs" in printed and "to run: 2 trials" in printed
+    assert "about 1 configuration -> at most 1 reruns x 1 epochs" in printed and "to run: 2 trials" in printed
     out = reproduce(study, "laptop", out=tmp_path / "out", **kw)
     printed = capsys.readouterr().out
     assert "reproduce: running" in printed and "wall time" in printed
