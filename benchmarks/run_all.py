@@ -3,6 +3,7 @@
     python benchmarks/run_all.py --smoke                 # each at tiny size: checks they run and the schema (CI)
     python benchmarks/run_all.py --out bench             # the real measurements (about an hour on 2 loaded cores)
     python benchmarks/run_all.py --smoke --only train qat
+    python benchmarks/run_all.py --only qat --update bench/summary.json --out bench2   # re-run some into a full run
 
 Each benchmark is `benchmarks/bench_<name>.py`, run as `python bench_<name>.py [--smoke] --json
 <out>/<name>.json`; every `bench_*.py` in this folder is picked up. `<out>/summary.json` holds one
@@ -11,6 +12,9 @@ min, max, target, met, command`, see benchmarks/common.py), each with the wall t
 and the machine's load average before and after it, plus the run's own wall time and load.
 `benchmarks/readme_table.py` renders the README's table from it. No thresholds are asserted: the exit
 code is non-zero when a benchmark fails to run or a figure does not follow the schema.
+`--update SUMMARY`: after a change to the code one benchmark measures, re-run only that one (`--only`)
+and write SUMMARY with its rows and figures replaced in place; the summary's `updates` list says which
+benchmarks were re-run when, how long they took and under what load (the README's run line says it).
 """
 
 from __future__ import annotations
@@ -64,13 +68,39 @@ def write_summary(out: Path, smoke: bool, t0: float, load0, rows: list, figures:
     return summary
 
 
+def merge(full: dict, rerun: dict) -> dict:
+    """`full` with the benchmarks of `rerun` replaced (rows and figures, in place of the old ones; a
+    benchmark `full` lacks goes last), and `rerun` noted in `updates`."""
+    again = {r["benchmark"]: r for r in rerun["benchmarks"]}
+    if full.get("smoke") != rerun.get("smoke"):
+        raise SystemExit("--update: cannot mix a smoke run with a full one")
+    rows = [again.get(r["benchmark"], r) for r in full["benchmarks"]]
+    rows += [r for name, r in again.items() if name not in {r["benchmark"] for r in full["benchmarks"]}]
+    figures = []
+    for r in rows:
+        source = rerun if r["benchmark"] in again else full
+        figures += [f for f in source["figures"] if f.get("benchmark") == r["benchmark"]]
+    note = {k: rerun[k] for k in ("created", "wall_s", "load_before", "load_after")}
+    note["benchmarks"] = list(again)
+    return {**full, "benchmarks": rows, "figures": figures, "updates": [*full.get("updates", []), note]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="pass --smoke to every benchmark")
     p.add_argument("--only", nargs="*", default=None, help=f"benchmarks to run (default: all of {available()})")
     p.add_argument("--out", default=None, help="folder for the JSON files (default: a temporary one)")
     p.add_argument("--quiet", action="store_true", help="hide the benchmarks' own output")
+    p.add_argument(
+        "--update",
+        default=None,
+        help="a full run's summary.json: write it to --out with the re-run benchmarks' rows and figures replaced",
+    )
     args = p.parse_args(argv)
+    if args.update and not args.only:
+        p.error("--update re-runs some benchmarks into an earlier summary: name them with --only")
+    if args.update and not Path(args.update).is_file():
+        p.error(f"--update: no summary at {args.update}")
     names = available()
     if args.only:
         unknown = [n for n in args.only if n not in names]
@@ -111,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         rows[-1]["headline"] = headline(figs)
         write_summary(out, args.smoke, run_t0, run_load0, rows, figures)  # after each: a cut-short run keeps its part
     summary = write_summary(out, args.smoke, run_t0, run_load0, rows, figures)
+    if args.update:
+        summary = merge(json.loads(Path(args.update).read_text()), summary)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        print(f"updated {args.update} -> {out / 'summary.json'}: re-ran {', '.join(r['benchmark'] for r in rows)}")
     print(
         f"\n{'benchmark':<14} {'rc':>3} {'s':>7} {'load':>10}  headline"
         + ("  (smoke: sizes too small to mean anything)" if args.smoke else "")

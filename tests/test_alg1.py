@@ -11,7 +11,15 @@ from stabray.data.splits import draw
 from stabray.errors import UserError
 from stabray.methods import get_method
 from stabray.methods.alg1 import compress_indices, eval_indices, keep_count
-from stabray.methods.qat import LSQQuantize, apply_qat, lsq_init, lsq_quantize, quantizable_linears, quantize
+from stabray.methods.qat import (
+    LSQQuantize,
+    apply_qat,
+    lsq_init,
+    lsq_quantize,
+    lsq_quantize_fused,
+    quantizable_linears,
+    quantize,
+)
 from stabray.tasks import get_task
 
 
@@ -122,25 +130,30 @@ def _lsq_case(bits, seed=0):
     return w, step, offset
 
 
+LSQ_IMPLS = [lsq_quantize, lsq_quantize_fused]  # traced elementwise ops; one autograd node (training)
+
+
+@pytest.mark.parametrize("impl", LSQ_IMPLS)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
-def test_lsq_matches_formula(bits):
+def test_lsq_matches_formula(bits, impl):
     w, step, offset = _lsq_case(bits)
-    q = lsq_quantize(w, step, offset, bits)
+    q = impl(w, step, offset, bits)
     np.testing.assert_allclose(q.numpy(), ref_lsq(w.numpy(), step.numpy(), offset.numpy(), bits), rtol=0, atol=1e-12)
     levels = ((q - offset) / step).round()
     assert all(len(torch.unique(row)) <= 2**bits for row in levels)
-    assert torch.equal(lsq_quantize(w, step, offset, 32), w)
+    assert torch.equal(impl(w, step, offset, 32), w)
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4])
-def test_lsq_gradients_by_hand(bits):
+@pytest.mark.parametrize("impl", LSQ_IMPLS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_lsq_gradients_by_hand(bits, impl):
     """Autograd through lsq_quantize against LSQ's gradients written out: straight-through to w inside
     the range; step: round(v) - v inside, Q_N / Q_P outside (1 bit: sign(w - b)); offset: 0 inside, 1
     outside; step and offset gradients times g = 1 / sqrt(in_features * Q_P)."""
     w, step, offset = _lsq_case(bits, seed=1)
     w, step, offset = (t.clone().requires_grad_(True) for t in (w, step, offset))
     G = torch.randn(w.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    (lsq_quantize(w, step, offset, bits) * G).sum().backward()
+    (impl(w, step, offset, bits) * G).sum().backward()
 
     W, S, B, Gn = (t.detach().numpy() for t in (w, step, offset, G))
     v = (W - B) / S
@@ -171,6 +184,20 @@ def test_lsq_init_and_parametrization():
         "parametrizations.weight.0.offset",
     }
     torch.testing.assert_close(lin.weight, lsq_quantize(lin.parametrizations.weight.original, q.step, q.offset, 3))
+    assert lin.weight.grad_fn.name() == "_LSQBackward"  # training uses the one-node form
+
+
+def test_lsq_parametrization_inside_torch_func():
+    """Inside a torch.func transform the parametrization falls back to the traced form (the one-node
+    form has no vmap / jvp rule): a JVP through a quantized layer equals Q(W) v."""
+    from torch.func import jvp
+
+    lin = nn.Linear(30, 5, bias=False).double()
+    apply_qat(nn.Sequential(lin), 2, "all_linear")
+    q = lin.parametrizations.weight[0]
+    x, v = torch.randn(30, dtype=torch.float64), torch.randn(30, dtype=torch.float64)
+    _, jv = jvp(lin, (x,), (v,))
+    torch.testing.assert_close(jv, lsq_quantize(lin.parametrizations.weight.original, q.step, q.offset, 2) @ v)
 
 
 # -- the gold evaluation chain ---------------------------------------------------------------------

@@ -20,7 +20,8 @@ def load(name: str):
     """benchmarks/bench_<name>.py, or benchmarks/<name>.py for the helpers (common, readme_table)."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))  # bench_qat imports bench_train, bench_search bench_sweep
-    file = BENCH / f"{name}.py" if name in ("common", "readme_table", "ab_revisions") else BENCH / f"bench_{name}.py"
+    helpers = ("common", "readme_table", "ab_revisions", "run_all")
+    file = BENCH / f"{name}.py" if name in helpers else BENCH / f"bench_{name}.py"
     spec = importlib.util.spec_from_file_location(file.stem, file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -115,6 +116,49 @@ def test_readme_table_is_rendered_from_the_committed_summary():
     readme = (ROOT / "README.md").read_text()
     assert rt.replace(readme, rt.render(summary)) == readme
     assert {f["benchmark"] for f in summary["figures"]} <= {b["benchmark"] for b in summary["benchmarks"]}
+
+
+def test_run_all_update_replaces_the_rerun_benchmarks_in_place():
+    """`run_all.py --only X --update SUMMARY`: X's rows and figures replace the old ones where they
+    were, the others stay, and the README's run line says what was re-run, when and under what load."""
+    run_all, rt = load("run_all"), load("readme_table")
+
+    def fig(name, bench, value):
+        return {
+            "name": name,
+            "label": name,
+            "value": value,
+            "unit": "x",
+            "benchmark": bench,
+            "command": "c",
+            "repeats": 1,
+        }
+
+    def row(bench, load0):
+        return {"benchmark": bench, "rc": 0, "wall_s": 60.0, "load_before": [load0], "load_after": [load0]}
+
+    full = {
+        "smoke": False, "created": "day 1", "wall_s": 3600.0, "load_before": [1.0], "load_after": [1.0],
+        "machine": {"cpus": 2}, "benchmarks": [row("a", 1.0), row("qat", 1.1), row("c", 1.2)],
+        "figures": [fig("a1", "a", 1.0), fig("q1", "qat", 1.4), fig("q2", "qat", 1.3), fig("c1", "c", 3.0)],
+    }  # fmt: skip
+    rerun = {
+        "smoke": False, "created": "day 2", "wall_s": 120.0, "load_before": [0.5], "load_after": [0.7],
+        "machine": {"cpus": 2}, "benchmarks": [row("qat", 0.5)], "figures": [fig("q1", "qat", 1.1)],
+    }  # fmt: skip
+    merged = run_all.merge(full, rerun)
+    assert [r["benchmark"] for r in merged["benchmarks"]] == ["a", "qat", "c"]
+    assert merged["benchmarks"][1]["load_before"] == [0.5]
+    assert [(f["name"], f["value"]) for f in merged["figures"]] == [("a1", 1.0), ("q1", 1.1), ("c1", 3.0)]
+    assert merged["updates"] == [
+        {"created": "day 2", "wall_s": 120.0, "load_before": [0.5], "load_after": [0.7], "benchmarks": ["qat"]}
+    ]
+    assert merged["created"] == "day 1" and full["figures"][1]["value"] == 1.4  # the input is not changed
+    assert "Re-run into it after a change to the code they measure: qat (day 2, 2 min, load 0.5-0.7)." in rt.render(
+        merged
+    )
+    with pytest.raises(SystemExit, match="smoke"):
+        run_all.merge(full, {**rerun, "smoke": True})
 
 
 def test_mlflow_logging_cost_smoke(tmp_path):

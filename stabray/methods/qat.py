@@ -123,6 +123,42 @@ def lsq_quantize(w: torch.Tensor, step: torch.Tensor, offset: torch.Tensor, bits
     return s * round_ste(torch.clamp(u / s, qn, qp)) + b
 
 
+class _LSQ(torch.autograd.Function):
+    """`lsq_quantize` as one autograd node: the same value, and its gradients written out (module
+    docstring) instead of traced through ~14 elementwise operations. On the embedded model's small
+    matrices each traced operation costs more in dispatch than in arithmetic, so this halves QAT's
+    overhead per training step (benchmarks/bench_qat.py). Not for torch.func transforms (no
+    setup_context / vmap rule): the stability measures compute parametrized weights outside them
+    (`stabray.stability.jacobian.measuring`), and `lsq_quantize` remains for any code that needs them."""
+
+    @staticmethod
+    def forward(ctx, w, step, offset, bits: int, g: float):
+        qn, qp = qrange(bits)
+        s = step.clamp_min(STEP_FLOOR)
+        u = w - offset
+        v = u / s
+        if bits == 1:
+            sign = torch.where(u >= 0, 1.0, -1.0).to(w.dtype)
+            out = s * sign + offset
+            ctx.save_for_backward(v.abs() <= 1.0, sign, step)
+        else:
+            r = torch.round(torch.clamp(v, qn, qp))
+            out = s * r + offset
+            inside = (v >= qn) & (v <= qp)
+            ctx.save_for_backward(inside, r - torch.where(inside, v, 0.0), step)
+        ctx.g = g
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        inside, dq_dstep, step = ctx.saved_tensors  # dQ/dDelta: round(v) - v inside, Q_N / Q_P outside; sign at 1 bit
+        g = ctx.g
+        gw = torch.where(inside, grad, 0.0)
+        gs = (grad * dq_dstep).sum(dim=1, keepdim=True) * g * (step >= STEP_FLOOR)
+        gb = (grad - gw).sum(dim=1, keepdim=True) * g  # dQ/db = 1 outside the clip range
+        return gw, gs, gb, None, None
+
+
 class LSQQuantize(nn.Module):
     """A parametrization W -> Q(W) with a learned per-row step and offset (module docstring)."""
 
@@ -133,7 +169,17 @@ class LSQQuantize(nn.Module):
         self.offset = nn.Parameter(torch.zeros_like(self.step))
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        return lsq_quantize(w, self.step, self.offset, self.bits)
+        if torch._C._are_functorch_transforms_active():  # inside a torch.func transform
+            return lsq_quantize(w, self.step, self.offset, self.bits)
+        return lsq_quantize_fused(w, self.step, self.offset, self.bits)
+
+
+def lsq_quantize_fused(w: torch.Tensor, step: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
+    """`lsq_quantize` as one autograd node (`_LSQ`): equal values and gradients up to float rounding;
+    not inside torch.func transforms."""
+    if bits >= 32:
+        return w
+    return _LSQ.apply(w, step, offset, bits, 1.0 / math.sqrt(w.shape[1] * qrange(bits)[1]))
 
 
 def make_quantizer(kind: str, w: torch.Tensor, bits: int) -> nn.Module:
