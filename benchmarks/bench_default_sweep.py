@@ -98,7 +98,9 @@ def scores(spec_name: str, sets: list[str], tmp: Path) -> dict:
         overrides[k] = json.loads(v) if v[:1] in "0123456789[{-" else v
     spec, _ = load_spec(spec_name, overrides)
     os.environ["STABRAY_CACHE"] = str(tmp / "cache")
-    trivial = baselines(spec)
+    from stabray.record import acc_metric
+
+    trivial = baselines(spec)  # {split: {rule: accuracy}} on the sweep's test splits
     c = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
     exp = c.get_experiment_by_name(spec.mlflow.experiment or spec.name)
     runs = c.search_runs([exp.experiment_id], "metrics.test_acc >= 0", max_results=1000)
@@ -108,7 +110,16 @@ def scores(spec_name: str, sets: list[str], tmp: Path) -> dict:
         "best_trial": best.info.run_name if best else None,
         "finished_trials": len(runs),
         "trivial": trivial,
-        "best_trivial": max(trivial.values()) if trivial else 0.0,
+        "best_trivial": max(trivial.get("test", {}).values(), default=0.0),
+        # the larger inputs: every finished trial's best accuracy there, beside the split's best rule
+        "long": {
+            acc_metric(split): {
+                "best": max((r.data.metrics.get(acc_metric(split), 0.0) for r in runs), default=0.0),
+                "best_trivial": max(rules.values(), default=0.0),
+            }
+            for split, rules in trivial.items()
+            if split != "test"
+        },
     }
 
 
@@ -143,8 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         figure("default_sweep_best_test_acc", f"{what}: best test accuracy of a finished trial vs best trivial rule",
                [x["best_test_acc"] for x in runs], "acc", cmd, baselines=[x["best_trivial"] for x in runs],
                compare="difference", target="> 0",
-               detail="trivial rules: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[0]["trivial"].items())),
+               detail="trivial rules: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[0]["trivial"]["test"].items())),
     ]  # fmt: skip
+    for metric in runs[0]["long"]:  # inputs larger than any training input (length generalization)
+        figs.append(figure(
+            f"default_sweep_best_{metric}", f"{what}: best {metric} of a finished trial vs best trivial rule",
+            [x["long"][metric]["best"] for x in runs], "acc", cmd,
+            baselines=[x["long"][metric]["best_trivial"] for x in runs], compare="difference",
+        ))  # fmt: skip
     print(
         f"default sweep: wall {median(x['wall_s'] for x in runs) / 60:.1f} min, peak RSS "
         f"{median(x['peak_rss_gb'] for x in runs):.2f} GB, best test_acc {figs[2]['value']:.3f} vs trivial "

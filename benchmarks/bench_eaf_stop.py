@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_sweep import SMOKE_OVERRIDES, load, private_ray, warm_cache  # noqa: E402
+from common import command, figure  # noqa: E402
 
 EAF_STOP = {"factor": 3.0, "top_fraction": 0.25, "grace": 2, "min_trials": 3}  # the spec defaults
 
@@ -139,10 +140,24 @@ def main(argv: list[str] | None = None) -> int:
             f"{mean_std([r['best_val_acc'] for r in rs]):>16} {mean_std([r['best_test_acc'] for r in rs]):>16} "
             f"{statistics.mean(r['wall_s'] for r in rs):>8.0f}"
         )
+    cmd = command(__file__, argv)
+    on, off = out["eaf_stop"], out["off"]
+    what = f"{n} trials x {epochs} epochs, FIFO"
+    figs = [
+        figure("eaf_stop_trial_epochs_saved", f"EAF-aware stopping: trial-epochs saved of {n * epochs} ({what})",
+               [float(r["saved"]) for r in on], "trial-epochs", cmd,
+               detail=f"trials stopped per seed: {', '.join(str(r['stopped']) for r in on)}"),
+        figure("eaf_stop_best_test_acc", f"EAF-aware stopping: best finished trial's test accuracy, on vs off ({what})",
+               [r["best_test_acc"] for r in on], "acc", cmd, baselines=[r["best_test_acc"] for r in off],
+               compare="difference", detail=f"seeds {', '.join(map(str, seeds))}, each arm with the same seed"),
+        figure("eaf_stop_wall", f"EAF-aware stopping: sweep wall time, on / off ({what})",
+               [r["wall_s"] for r in on], "s", cmd, baselines=[r["wall_s"] for r in off]),
+    ]  # fmt: skip
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
+                    "figures": figs,
                     "smoke": args.smoke,
                     "num_samples": n,
                     "epochs": epochs,

@@ -168,6 +168,9 @@ def private_ray(cpus: int) -> None:
     running on the machine (address="auto"), e.g. another user's, and share its CPUs."""
     import ray
 
+    from stabray.tune.sweep import ray_env
+
+    ray_env()  # what a Ray instance stabray starts gets: the same floor as the cold arm's
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
@@ -565,11 +568,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{median(sum(rd[arm]['trial_s']) for rd in rounds):>12.1f} {median(run):>15.2f} "
                 f"{median(rd[arm]['best_val_acc'] for rd in rounds):>13.3f}"
             )
-        trial_ratio = [sum(rd["cold"]["trial_s"]) / sum(rd["pool"]["trial_s"]) for rd in rounds]
-        print(f"per-trial time, sweep / pool (same clock and span): {median(trial_ratio):.3f}")
+        trial_ratios = {
+            arm: [sum(rd[arm]["trial_s"]) / sum(rd["pool"]["trial_s"]) for rd in rounds]
+            for arm in ("cold", "warm")
+            if arm in rounds[0]
+        }
+        print(
+            "per-trial time, sweep / pool (same clock and span): "
+            + ", ".join(f"{arm} Ray {median(r):.3f}" for arm, r in trial_ratios.items())
+        )
         for arm in ("cold", "warm"):
             if arm not in rounds[0]:
                 continue
+            trial_ratio = trial_ratios[arm]
             ov = [100 * rd[f"overhead_{arm}"] for rd in rounds]
             where = {k: median(rd[arm]["where"].get(k, 0.0) for rd in rounds) for k in rounds[0][arm]["where"]}
             print(

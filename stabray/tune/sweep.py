@@ -124,6 +124,18 @@ def running_ray(auto: bool = False) -> tuple[str | None, str]:
     return found, "a running Ray process"
 
 
+def ray_env() -> None:
+    """The environment stabray gives Ray and Tune (each only where the user has not set it): no auth
+    token for a local instance, no warning for Tune's forced experiment-state saves (one per
+    checkpoint, by design: `--resume` relies on them), and Ray's log monitor (a process of a Ray
+    instance started from this process) looking for new worker log files every 0.5 s rather than 10
+    times a second (its globbing was the busiest of Ray's own processes in a sweep, ~1% of a core).
+    Code that starts Ray itself before a sweep (tests, benchmarks) calls this first."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+
+
 def init_ray(address: str | None = None, verbose: bool = False) -> str:
     """Join a cluster (--address, RAY_ADDRESS, or the one `ray start` / `ray up` recorded on this
     machine) or start a local one. Returns a short description. Unless verbose, the trials' own output
@@ -132,12 +144,7 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
     dead address for minutes)."""
     if ray.is_initialized():
         return "already initialised"
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # Ray's log monitor (a process of a Ray instance started here) looks for new worker log files 10
-    # times a second while there are fewer than this many; 0: every 0.5 s (Ray's interval for many
-    # files). Its globbing was the busiest of Ray's own processes in a sweep (~1% of a core).
-    os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+    ray_env()
     addr = address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(include_dashboard=False, log_to_driver=verbose, configure_logging=False)
     if addr == "local":  # always a fresh local instance (tests, benchmarks: never join another's)
