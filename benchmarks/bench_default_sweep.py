@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     figs = [
         figure("default_sweep_wall", f"{what}: wall time, first sweep (data and store created)",
                [x["wall_s"] / 60 for x in runs], "min", cmd),
-        figure("default_sweep_peak_rss", f"{what}: peak resident memory of the whole process tree",
+        figure("default_sweep_peak_rss", f"{what}: peak resident memory of the process tree (summed over processes)",
                [x["peak_rss_gb"] for x in runs], "GB", cmd),
         figure("default_sweep_best_test_acc", f"{what}: best test accuracy of a finished trial vs best trivial rule",
                [x["best_test_acc"] for x in runs], "acc", cmd, baselines=[x["best_trivial"] for x in runs],

@@ -55,13 +55,14 @@ def render(summary: dict) -> str:
     b = summary["benchmarks"]
     rows.append("")
     rows.append(
-        f"Run: `python benchmarks/run_all.py` ({summary['created']}), {summary['wall_s'] / 60:.0f} min on "
+        f"Run: `python benchmarks/run_all.py` (finished {summary['created']}), {summary['wall_s'] / 60:.0f} min on "
         f"{summary['machine']['cpus']} cores, 1-minute load {summary['load_before'][0]:.1f} at the start, "
         + ", ".join(f"{r['benchmark']} {r['load_before'][0]:.1f}-{r['load_after'][0]:.1f}" for r in b)
         + " (each benchmark's start-end)."
         + "".join(
             f" Re-run into it after a change to the code they measure: {', '.join(u['benchmarks'])} "
-            f"({u['created']}, {u['wall_s'] / 60:.0f} min, load {u['load_before'][0]:.1f}-{u['load_after'][0]:.1f})."
+            f"(finished {u['created']}, {u['wall_s'] / 60:.0f} min, "
+            f"load {u['load_before'][0]:.1f}-{u['load_after'][0]:.1f})."
             for u in summary.get("updates", [])
         )
     )

@@ -154,8 +154,9 @@ def test_run_all_update_replaces_the_rerun_benchmarks_in_place():
         {"created": "day 2", "wall_s": 120.0, "load_before": [0.5], "load_after": [0.7], "benchmarks": ["qat"]}
     ]
     assert merged["created"] == "day 1" and full["figures"][1]["value"] == 1.4  # the input is not changed
-    assert "Re-run into it after a change to the code they measure: qat (day 2, 2 min, load 0.5-0.7)." in rt.render(
-        merged
+    assert (
+        "Re-run into it after a change to the code they measure: qat (finished day 2, 2 min, load 0.5-0.7)."
+        in rt.render(merged)
     )
     with pytest.raises(SystemExit, match="smoke"):
         run_all.merge(full, {**rerun, "smoke": True})
