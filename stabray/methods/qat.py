@@ -126,8 +126,9 @@ def lsq_quantize(w: torch.Tensor, step: torch.Tensor, offset: torch.Tensor, bits
 class _LSQ(torch.autograd.Function):
     """`lsq_quantize` as one autograd node: the same value, and its gradients written out (module
     docstring) instead of traced through ~14 elementwise operations. On the embedded model's small
-    matrices each traced operation costs more in dispatch than in arithmetic, so this halves QAT's
-    overhead per training step (benchmarks/bench_qat.py). Not for torch.func transforms (no
+    matrices each traced operation costs more in dispatch than in arithmetic: a QAT step took
+    1.21-1.40x full precision's with the traced form, 1.20-1.27x with this (benchmarks/bench_qat.py,
+    two runs on a quiet machine, README "Performance"). Not for torch.func transforms (no
     setup_context / vmap rule): the stability measures compute parametrized weights outside them
     (`stabray.stability.jacobian.measuring`), and `lsq_quantize` remains for any code that needs them."""
 
