@@ -409,7 +409,8 @@ def table3(trials: pl.DataFrame, decomp: pl.DataFrame, T: int = PAPER_T, rule: R
     for key in sorted(keys, key=lambda k: (tasks.index(k[0]), meths.index(k[1]), k[2])):
         if key in absent:  # ran, but nothing to average: the row says why
             data.append({"task": key[0], "method": key[1], "bits": key[2], "n_acc": 0, "absent": absent[key]})
-            disp.append([task_label(key[0]), method_label(key[1]), str(key[2]), absent[key], *[MISSING] * 6, ""])
+            blank = [MISSING] * (len(cols) - 5)  # loss gap .. n
+            disp.append([task_label(key[0]), method_label(key[1]), str(key[2]), absent[key], *blank, ""])
             continue
         a, d = acc.get(key, {}), dec.get(key, {})
         rec = {
