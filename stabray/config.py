@@ -46,7 +46,11 @@ class ModelCfg(Strict):
     max_positions: int = Field(2048, gt=0)
     # embedded architecture: qwen2 (RoPE), gpt2 (learned absolute positions), bloom (ALiBi biases, no positions)
     family: Literal["qwen2", "gpt2", "bloom"] = "qwen2"
-    positions: Literal["default", "none"] = "default"  # none: no positional encoding (NoPE; family gpt2 only)
+    # none: no positional encoding (NoPE; family gpt2 only); random: training positions are a sorted
+    # random subset of 0..position_span-1, drawn per step (Ruoss et al. 2023; family qwen2 only;
+    # stabray.models.positions)
+    positions: Literal["default", "none", "random"] = "default"
+    position_span: int | None = Field(None, gt=0)  # positions: random; None = max_positions
     # embedded: std of the normal initialisation of every weight matrix and embedding (transformers'
     # initializer_range); None = transformers' 0.02. Tiny from-scratch models learn LEGO only from 0.1.
     init_std: float | None = Field(None, gt=0, allow_inf_nan=False)

@@ -118,3 +118,90 @@ def test_trial_with_the_options(cache_dir):
     assert any(not torch.equal(a, b) for a, b in zip(first, after))  # the rest trains
     assert {e.meta["n"] for e in run.data["test_long"]} == {4}
     assert set(run.final()) >= {"test_acc", "test_long_acc", "test_longer_acc", "trivial_test_long_acc"}
+
+
+# --- randomized positions (model.positions: random; stabray.models.positions) -----------------------
+
+
+def test_random_positions_remap_training_positions_only(tok):
+    """Same weights: in eval mode the wrapped model equals the plain RoPE model (positions 0, 1, ...);
+    in training mode it equals the plain model given the drawn table as explicit position ids
+    (transformers' own position path), and differs from contiguous positions."""
+    from stabray.models.positions import draw_positions
+
+    plain = build_model(ModelSpec(preset="tiny", init_std=0.1), tok, seed=3)
+    rand = build_model(ModelSpec(preset="tiny", init_std=0.1, positions="random", position_span=64), tok, seed=3)
+    assert set(plain.state_dict()) == set(rand.state_dict())  # checkpoints are interchangeable
+    rand.load_state_dict(plain.state_dict())
+    ids = torch.randint(5, len(tok), (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain.eval(), rand.eval()
+        torch.testing.assert_close(rand(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=0)
+        plain.train(), rand.train()
+        table = draw_positions(rand, 9, torch.Generator().manual_seed(1))
+        explicit = plain(input_ids=ids, position_ids=table[None].expand(2, -1)).logits
+        torch.testing.assert_close(rand(input_ids=ids).logits, explicit, rtol=0, atol=0)
+        assert not torch.allclose(explicit, plain(input_ids=ids).logits)
+
+
+def test_drawn_positions_are_a_sorted_uniform_subset():
+    """Each draw is strictly increasing inside 0..span-1, and every value is drawn with probability
+    length/span (the inclusion probability of a uniform subset): 4,000 draws, 5 of 20, so each
+    frequency is 0.25 with binomial std 0.007; the bound 0.035 is 5 std."""
+    from stabray.models.positions import RandomPositions, draw_positions
+
+    holder = torch.nn.Sequential(RandomPositions(torch.nn.Identity(), span=20))
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(20)
+    for _ in range(4000):
+        t = draw_positions(holder, 5, g)
+        assert t.numel() == 5 and bool((t[1:] > t[:-1]).all()) and 0 <= int(t[0]) and int(t[-1]) < 20
+        counts[t] += 1
+    assert float((counts / 4000 - 0.25).abs().max()) < 0.035
+    with pytest.raises(UserError, match="more than model.position_span=20"):
+        draw_positions(holder, 21, g)
+
+
+def test_random_positions_options_are_checked(tok):
+    with pytest.raises(UserError, match="needs model.family qwen2"):
+        build_model(ModelSpec(preset="tiny", family="gpt2", positions="random"), tok)
+    with pytest.raises(UserError, match="position_span applies to model.positions: random only"):
+        build_model(ModelSpec(preset="tiny", position_span=64), tok)
+
+
+@pytest.mark.parametrize("method", ["sft_cot", "coconut", "jacreg"])
+def test_trial_trains_on_drawn_positions_and_evaluates_on_plain_ones(cache_dir, method):
+    """A trial with random positions: every method's training runs on the step's table (the last
+    step's table covers its batch), two runs with one seed draw the same tables (same weights after
+    an epoch), and evaluation runs the model in eval mode, where positions are the plain ones."""
+    from stabray.models.positions import RandomPositions
+
+    cfg = {
+        "task": {
+            "name": "lego_cyclic",
+            "params": {"n_vars": 3, "train_sizes": [2, 3], "named_states": True, "trace": "delta"},
+            "train_size": 16,
+            "val_size": 4,
+            "test_size": 4,
+            "resample_train": True,
+        },
+        "model": {"preset": "tiny", "init_std": 0.1, "positions": "random", "position_span": 128},
+        "method": {"name": method},
+        "train": {"epochs": 1, "batch_size": 8, "threads": 1},
+        "eval": {"eaf_examples": 0, "loss_gap": False},
+        "cache_dir": cache_dir,
+    }
+    runs = []
+    for _ in range(2):  # one after the other: jacreg's probes come from the global RNG the run seeds
+        runs.append(TrialRun(cfg))
+        runs[-1].epoch()
+    (mod,) = [m for m in runs[0].model.modules() if isinstance(m, RandomPositions)]
+    assert mod.table is not None and int(mod.table[-1]) < 128 and mod.table.numel() > 30
+    assert bool((mod.table[1:] > mod.table[:-1]).all())
+    for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
+        assert torch.equal(a, b)
+    # evaluation (generation, and the EAF where on) runs in eval mode on plain positions: a one-entry
+    # table would make any forward that used it fail
+    mod.table = mod.table[:1]
+    assert "test_acc" in runs[0].final()
+    assert runs[0].evaluate("val").acc >= 0.0

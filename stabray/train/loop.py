@@ -13,6 +13,7 @@ import torch
 from stabray.config import TrainCfg
 from stabray.data.encode import Encoder, collate
 from stabray.methods.base import Method
+from stabray.models.positions import draw_positions, has_random_positions
 from stabray.tasks.base import Example
 
 
@@ -69,6 +70,7 @@ class Trainer:
         self._build_optimizer()
         self.resets = 0  # optimizer resets so far
         self.autocast = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.random_positions = has_random_positions(model)  # model.positions: random
 
     def _build_optimizer(self) -> None:
         self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
@@ -113,6 +115,9 @@ class Trainer:
                 prompt, steps = self.method.train_view(examples[i], epoch, rng)
                 items.append(self.encoder.encode(prompt, steps, examples[i].final))
             batch = collate(items, self.encoder.pad).to(self.device)  # keeps the step spans
+            if self.random_positions:  # this step's positions, the same on a resumed run
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+                draw_positions(self.model, batch["input_ids"].shape[1], g)
             tokens += int(batch["attention_mask"].sum())
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):

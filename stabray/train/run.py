@@ -54,6 +54,7 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
         max_positions=m.max_positions,
         family=m.family,
         positions=m.positions,
+        position_span=m.position_span,
         init_std=m.init_std,
         freeze_embeddings=m.freeze_embeddings,
     )

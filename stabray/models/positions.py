@@ -1,0 +1,74 @@
+"""Randomized position ids for the embedded RoPE decoder (`model.positions: random`).
+
+A model trained on sequences of at most N tokens has seen rotary phases only for distances below N;
+a longer test input brings distances it never saw (Ruoss et al. 2023, "Randomized Positional
+Encodings Boost Length Generalization of Transformers"). With `positions: random`, every training
+step draws one sorted random subset of `0 .. span-1` (`model.position_span`, default
+`model.max_positions`) with as many elements as the batch has tokens, and token t of every sequence
+of that step gets the t-th smallest element as its position: token order is kept, the gaps between
+positions are random, and distances up to `span - 1` occur in training whatever the training length.
+Evaluation, generation and the stability measure (the model in eval mode) use the ordinary
+positions 0, 1, 2, ..., as skip-wise position training (PoSE, Zhu et al. 2023) does: every distance a
+test input of at most `span` tokens brings was seen in training.
+
+One table per optimizer step, shared by the rows of the batch and by every forward of that step:
+methods that run the model several times per step (Coconut's passes over a growing prefix, the
+Jacobian regulariser's cached prefix) see consistent positions. The training loop draws it
+(`draw_positions`) before each step from a generator seeded by (seed, step), so a resumed trial
+draws the same tables.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stabray.errors import UserError
+
+
+class RandomPositions(torch.nn.Module):
+    """Wraps a rotary-embedding module: in training mode, position p is replaced by `table[p]`."""
+
+    def __init__(self, rotary: torch.nn.Module, span: int):
+        super().__init__()
+        self.rotary = rotary
+        self.span = int(span)
+        self.table: torch.Tensor | None = None  # set by draw_positions before each training step
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        if self.training and self.table is not None:
+            need = int(position_ids.max()) + 1
+            if need > self.table.numel():
+                raise RuntimeError(
+                    f"position {need - 1} has no drawn position (the step's table holds {self.table.numel()}); "
+                    "draw_positions must be called with the step's longest sequence"
+                )
+            position_ids = self.table.to(position_ids.device)[position_ids]
+        return self.rotary(x, position_ids)
+
+
+def wrap_random_positions(model: torch.nn.Module, span: int) -> torch.nn.Module:
+    """Replace the rotary embedding of a transformers Qwen2/Llama-style decoder by RandomPositions."""
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    inner.rotary_emb = RandomPositions(inner.rotary_emb, span)
+    return model
+
+
+def has_random_positions(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, RandomPositions) for m in model.modules())
+
+
+def draw_positions(model: torch.nn.Module, length: int, generator: torch.Generator) -> torch.Tensor | None:
+    """Draw the table of the next training step: a sorted uniform random `length`-subset of
+    `0 .. span-1`. Returns it (None for a model without random positions)."""
+    table = None
+    for m in model.modules():
+        if isinstance(m, RandomPositions):
+            if length > m.span:
+                raise UserError(
+                    f"a training sequence has {length} tokens, more than model.position_span={m.span}: "
+                    f"raise model.position_span to at least {length} (and above the longest test input)"
+                )
+            if table is None:
+                table = torch.randperm(m.span, generator=generator)[:length].sort().values
+            m.table = table
+    return table
