@@ -51,6 +51,7 @@ class ModelCfg(Strict):
     # stabray.models.positions)
     positions: Literal["default", "none", "random"] = "default"
     position_span: int | None = Field(None, gt=0)  # positions: random; None = max_positions
+    position_eval_stride: int | None = Field(None, gt=0)  # positions: random; evaluation at 0, k, 2k, ...; None = 1
     # embedded: std of the normal initialisation of every weight matrix and embedding (transformers'
     # initializer_range); None = transformers' 0.02. Tiny from-scratch models learn LEGO only from 0.1.
     init_std: float | None = Field(None, gt=0, allow_inf_nan=False)

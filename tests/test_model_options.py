@@ -144,6 +144,40 @@ def test_random_positions_remap_training_positions_only(tok):
         assert not torch.allclose(explicit, plain(input_ids=ids).logits)
 
 
+def test_eval_stride_spaces_evaluation_positions_and_generation_keeps_them(tok):
+    """model.position_eval_stride k: in eval mode position p becomes k p. A forward equals the plain
+    model given 0, k, 2k, ... as position ids, and batched greedy generation (left padding, KV cache)
+    equals a cache-free greedy loop on the plain model with those ids, prompt by prompt."""
+    from stabray.data.encode import Encoder
+    from stabray.evaluate.generate import greedy
+
+    plain = build_model(ModelSpec(preset="tiny", init_std=0.3), tok, seed=5).eval()
+    spec = ModelSpec(preset="tiny", init_std=0.3, positions="random", position_span=64, position_eval_stride=2)
+    rand = build_model(spec, tok, seed=5).eval()
+    rand.load_state_dict(plain.state_dict())
+    ids = torch.randint(5, len(tok), (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = plain(input_ids=ids, position_ids=2 * torch.arange(9)[None].expand(2, -1)).logits
+        torch.testing.assert_close(rand(input_ids=ids).logits, ref, rtol=0, atol=0)
+        assert not torch.allclose(ref, plain(input_ids=ids).logits)
+    enc = Encoder(tok)
+    prompts = ["a b c", "[ 12 : 0.5 , a b | c ]"]
+    got = greedy(rand, enc, prompts, max_new_tokens=8)
+    assert sum(map(len, got)) >= 8  # something was generated to compare
+    for prompt, out in zip(prompts, got):
+        seq = enc.prompt(prompt)
+        want = []
+        with torch.no_grad():
+            for _ in range(8):
+                pos = 2 * torch.arange(len(seq))[None]
+                nxt = int(plain(input_ids=torch.tensor([seq]), position_ids=pos).logits[0, -1].argmax())
+                if nxt == enc.eos:
+                    break
+                want.append(nxt)
+                seq.append(nxt)
+        assert out == want
+
+
 def test_drawn_positions_are_a_sorted_uniform_subset():
     """Each draw is strictly increasing inside 0..span-1, and every value is drawn with probability
     length/span (the inclusion probability of a uniform subset): 4,000 draws, 5 of 20, so each
@@ -167,6 +201,8 @@ def test_random_positions_options_are_checked(tok):
         build_model(ModelSpec(preset="tiny", family="gpt2", positions="random"), tok)
     with pytest.raises(UserError, match="position_span applies to model.positions: random only"):
         build_model(ModelSpec(preset="tiny", position_span=64), tok)
+    with pytest.raises(UserError, match="position_eval_stride applies to model.positions: random only"):
+        build_model(ModelSpec(preset="tiny", position_eval_stride=2), tok)
 
 
 @pytest.mark.parametrize("method", ["sft_cot", "coconut", "jacreg"])

@@ -52,6 +52,7 @@ class ModelSpec:
     # "random" (qwen2 only): training positions are a sorted random subset of 0..position_span-1
     # drawn per step, evaluation's are 0, 1, 2, ... (stabray.models.positions)
     position_span: int | None = None  # None: max_positions
+    position_eval_stride: int | None = None  # "random": evaluation positions 0, k, 2k, ...; None: 1
     init_std: float | None = None  # embedded: initializer_range of the transformers config (None: its 0.02)
     freeze_embeddings: bool = False  # embedded: the token embeddings (tied with the head) keep their random init
     extra: dict[str, Any] = field(default_factory=dict)  # more transformers config fields
@@ -91,22 +92,23 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
         needs = {"none": "gpt2", "random": "qwen2"}.get(spec.positions)
         if needs and spec.family != needs:
             raise UserError(f"model.positions={spec.positions!r} needs model.family {needs} (got {spec.family!r})")
-        if spec.position_span is not None and spec.positions != "random":
-            raise UserError(
-                f"model.position_span applies to model.positions: random only (got positions {spec.positions!r})"
-            )
+        for name in ("position_span", "position_eval_stride"):
+            if getattr(spec, name) is not None and spec.positions != "random":
+                raise UserError(
+                    f"model.{name} applies to model.positions: random only (got positions {spec.positions!r})"
+                )
         model = _build_embedded(spec, tokenizer)
         if spec.positions == "random":
             from stabray.models.positions import wrap_random_positions
 
-            wrap_random_positions(model, spec.position_span or spec.max_positions)
+            wrap_random_positions(model, spec.position_span or spec.max_positions, spec.position_eval_stride or 1)
         if spec.freeze_embeddings:  # a token never trained on keeps a vector like every other token's
             model.get_input_embeddings().weight.requires_grad_(False)
         return model
     for name in ("init_std", "freeze_embeddings"):
         if getattr(spec, name):
             raise UserError(f"model.{name} applies to the embedded decoder only, not to model.pretrained")
-    if spec.family != "qwen2" or spec.positions != "default" or spec.position_span is not None:
+    if spec.family != "qwen2" or spec.positions != "default" or spec.position_span or spec.position_eval_stride:
         raise UserError("model.family and model.positions apply to the embedded decoder only, not to model.pretrained")
     return _build_pretrained(spec, tokenizer)
 

@@ -55,6 +55,7 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
         family=m.family,
         positions=m.positions,
         position_span=m.position_span,
+        position_eval_stride=m.position_eval_stride,
         init_std=m.init_std,
         freeze_embeddings=m.freeze_embeddings,
     )
