@@ -84,6 +84,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     ap.add_argument("--cache-dir", default=None, help="dataset cache (default: $STABRAY_CACHE)")
     ap.add_argument("--out", default="calibration.jsonl")
+    ap.add_argument(
+        "--eval-strides",
+        default="",
+        metavar="K,K,...",
+        help="model.positions: random only: also score every split at these evaluation strides (same trained model)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -113,6 +119,21 @@ def main() -> None:
             flush=True,
         )
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
+    strides = {}
+    if args.eval_strides:
+        from stabray.models.positions import RandomPositions
+
+        mods = [m for m in run.model.modules() if isinstance(m, RandomPositions)]
+        if not mods:
+            raise SystemExit("--eval-strides needs a profile with model.positions: random")
+        kept = mods[0].eval_stride
+        for k in (int(x) for x in args.eval_strides.split(",")):
+            for m in mods:
+                m.eval_stride = k
+            strides[str(k)] = {s: run.evaluate(s).acc for s in ("test", *run.long_splits)}
+            print(f"  eval stride {k}: " + " ".join(f"{s} {a:.3f}" for s, a in strides[str(k)].items()), flush=True)
+        for m in mods:
+            m.eval_stride = kept
     rec = {  # the fields scripts/calibration_table.py reads, then the details
         "profile": label,
         "seed": args.seed,
@@ -128,6 +149,7 @@ def main() -> None:
         "config": cfg,
         "epochs": epochs,
         "final": final,
+        "eval_strides": strides,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     with open(args.out, "a") as f:

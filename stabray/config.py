@@ -52,6 +52,8 @@ class ModelCfg(Strict):
     positions: Literal["default", "none", "random"] = "default"
     position_span: int | None = Field(None, gt=0)  # positions: random; None = max_positions
     position_eval_stride: int | None = Field(None, gt=0)  # positions: random; evaluation at 0, k, 2k, ...; None = 1
+    # positions: random; each step's span drawn from max(length, position_span_min)..position_span; None = fixed
+    position_span_min: int | None = Field(None, gt=0)
     # embedded: std of the normal initialisation of every weight matrix and embedding (transformers'
     # initializer_range); None = transformers' 0.02. Tiny from-scratch models learn LEGO only from 0.1.
     init_std: float | None = Field(None, gt=0, allow_inf_nan=False)

@@ -196,6 +196,21 @@ def test_drawn_positions_are_a_sorted_uniform_subset():
         draw_positions(holder, 21, g)
 
 
+def test_drawn_span_varies_the_density_of_positions():
+    """position_span_min: each step's span is drawn uniformly from max(length, span_min)..span, so the
+    last position of a 5-of-(5..40) draw is below the drawn span: over 3,000 draws its mean is the
+    mean over s of E[max of 5 of 0..s-1] = 5 (s + 1) / 6 - 1 (independent formula), within 5 std,
+    and nearly contiguous draws (last position 4 to 6) occur."""
+    from stabray.models.positions import RandomPositions, draw_positions
+
+    holder = torch.nn.Sequential(RandomPositions(torch.nn.Identity(), span=40, span_min=1))
+    g = torch.Generator().manual_seed(0)
+    last = torch.tensor([float(draw_positions(holder, 5, g)[-1]) for _ in range(3000)])
+    expect = sum(5 * (s + 1) / 6 - 1 for s in range(5, 41)) / 36
+    assert abs(float(last.mean()) - expect) < 5 * float(last.std()) / 3000**0.5
+    assert int((last <= 6).sum()) > 20 and int((last >= 35).sum()) > 60  # about 300 and 140 expected
+
+
 def test_random_positions_options_are_checked(tok):
     with pytest.raises(UserError, match="needs model.family qwen2"):
         build_model(ModelSpec(preset="tiny", family="gpt2", positions="random"), tok)
@@ -203,6 +218,8 @@ def test_random_positions_options_are_checked(tok):
         build_model(ModelSpec(preset="tiny", position_span=64), tok)
     with pytest.raises(UserError, match="position_eval_stride applies to model.positions: random only"):
         build_model(ModelSpec(preset="tiny", position_eval_stride=2), tok)
+    with pytest.raises(UserError, match="position_span_min=80 exceeds the span 64"):
+        build_model(ModelSpec(preset="tiny", positions="random", position_span=64, position_span_min=80), tok)
 
 
 @pytest.mark.parametrize("method", ["sft_cot", "coconut", "jacreg"])

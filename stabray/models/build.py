@@ -53,6 +53,7 @@ class ModelSpec:
     # drawn per step, evaluation's are 0, 1, 2, ... (stabray.models.positions)
     position_span: int | None = None  # None: max_positions
     position_eval_stride: int | None = None  # "random": evaluation positions 0, k, 2k, ...; None: 1
+    position_span_min: int | None = None  # "random": each step's span drawn from max(length, this)..span
     init_std: float | None = None  # embedded: initializer_range of the transformers config (None: its 0.02)
     freeze_embeddings: bool = False  # embedded: the token embeddings (tied with the head) keep their random init
     extra: dict[str, Any] = field(default_factory=dict)  # more transformers config fields
@@ -92,7 +93,7 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
         needs = {"none": "gpt2", "random": "qwen2"}.get(spec.positions)
         if needs and spec.family != needs:
             raise UserError(f"model.positions={spec.positions!r} needs model.family {needs} (got {spec.family!r})")
-        for name in ("position_span", "position_eval_stride"):
+        for name in ("position_span", "position_eval_stride", "position_span_min"):
             if getattr(spec, name) is not None and spec.positions != "random":
                 raise UserError(
                     f"model.{name} applies to model.positions: random only (got positions {spec.positions!r})"
@@ -101,14 +102,18 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
         if spec.positions == "random":
             from stabray.models.positions import wrap_random_positions
 
-            wrap_random_positions(model, spec.position_span or spec.max_positions, spec.position_eval_stride or 1)
+            span = spec.position_span or spec.max_positions
+            if spec.position_span_min is not None and spec.position_span_min > span:
+                raise UserError(f"model.position_span_min={spec.position_span_min} exceeds the span {span}")
+            wrap_random_positions(model, span, spec.position_eval_stride or 1, spec.position_span_min)
         if spec.freeze_embeddings:  # a token never trained on keeps a vector like every other token's
             model.get_input_embeddings().weight.requires_grad_(False)
         return model
     for name in ("init_std", "freeze_embeddings"):
         if getattr(spec, name):
             raise UserError(f"model.{name} applies to the embedded decoder only, not to model.pretrained")
-    if spec.family != "qwen2" or spec.positions != "default" or spec.position_span or spec.position_eval_stride:
+    position_options = (spec.position_span, spec.position_eval_stride, spec.position_span_min)
+    if spec.family != "qwen2" or spec.positions != "default" or any(v is not None for v in position_options):
         raise UserError("model.family and model.positions apply to the embedded decoder only, not to model.pretrained")
     return _build_pretrained(spec, tokenizer)
 

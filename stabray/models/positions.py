@@ -15,6 +15,12 @@ length) keeps the gaps of evaluation like those of training: on LEGO-cyclic (2-3
 128, mean gap about 3) stride 2 scored 0.575 in distribution where stride 1 scored 0.170, the same
 trained model (README, "Laptop calibration").
 
+With `model.position_span_min` m, each step first draws its own span uniformly from
+`max(length, m) .. span` and then the subset from `0 .. that span - 1`: the density of positions varies
+from step to step, from nearly contiguous (gaps of 1) to spread over the whole span, so that plain
+evaluation positions (stride 1) look like some training steps' and a longer test input's distances
+like others'.
+
 One table per optimizer step, shared by the rows of the batch and by every forward of that step:
 methods that run the model several times per step (Coconut's passes over a growing prefix, the
 Jacobian regulariser's cached prefix) see consistent positions. The training loop draws it
@@ -32,10 +38,11 @@ from stabray.errors import UserError
 class RandomPositions(torch.nn.Module):
     """Wraps a rotary-embedding module: in training mode, position p is replaced by `table[p]`."""
 
-    def __init__(self, rotary: torch.nn.Module, span: int, eval_stride: int = 1):
+    def __init__(self, rotary: torch.nn.Module, span: int, eval_stride: int = 1, span_min: int | None = None):
         super().__init__()
         self.rotary = rotary
         self.span = int(span)
+        self.span_min = span_min  # None: every step uses the whole span
         self.eval_stride = int(eval_stride)  # eval mode: position p -> p * eval_stride
         self.table: torch.Tensor | None = None  # set by draw_positions before each training step
 
@@ -53,10 +60,12 @@ class RandomPositions(torch.nn.Module):
         return self.rotary(x, position_ids)
 
 
-def wrap_random_positions(model: torch.nn.Module, span: int, eval_stride: int = 1) -> torch.nn.Module:
+def wrap_random_positions(
+    model: torch.nn.Module, span: int, eval_stride: int = 1, span_min: int | None = None
+) -> torch.nn.Module:
     """Replace the rotary embedding of a transformers Qwen2/Llama-style decoder by RandomPositions."""
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    inner.rotary_emb = RandomPositions(inner.rotary_emb, span, eval_stride)
+    inner.rotary_emb = RandomPositions(inner.rotary_emb, span, eval_stride, span_min)
     return model
 
 
@@ -66,7 +75,8 @@ def has_random_positions(model: torch.nn.Module) -> bool:
 
 def draw_positions(model: torch.nn.Module, length: int, generator: torch.Generator) -> torch.Tensor | None:
     """Draw the table of the next training step: a sorted uniform random `length`-subset of
-    `0 .. span-1`. Returns it (None for a model without random positions)."""
+    `0 .. span-1` (with span_min: of `0 .. s-1`, s drawn uniformly from `max(length, span_min) .. span`).
+    Returns it (None for a model without random positions)."""
     table = None
     for m in model.modules():
         if isinstance(m, RandomPositions):
@@ -76,6 +86,9 @@ def draw_positions(model: torch.nn.Module, length: int, generator: torch.Generat
                     f"raise model.position_span to at least {length} (and above the longest test input)"
                 )
             if table is None:
-                table = torch.randperm(m.span, generator=generator)[:length].sort().values
+                span = m.span
+                if m.span_min is not None:
+                    span = int(torch.randint(max(length, m.span_min), m.span + 1, (1,), generator=generator))
+                table = torch.randperm(span, generator=generator)[:length].sort().values
             m.table = table
     return table

@@ -56,6 +56,7 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
         positions=m.positions,
         position_span=m.position_span,
         position_eval_stride=m.position_eval_stride,
+        position_span_min=m.position_span_min,
         init_std=m.init_std,
         freeze_embeddings=m.freeze_embeddings,
     )
