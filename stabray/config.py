@@ -62,6 +62,21 @@ class ModelCfg(Strict):
     numbers: Literal["word", "digits"] = "word"
     freeze_embeddings: bool = False  # embedded: the (tied) token embeddings stay at their random init
 
+    @model_validator(mode="after")
+    def _positions(self):
+        """The position options' combinations, checked when the spec is read (build_model checks
+        them again for direct callers)."""
+        needs = {"none": "gpt2", "random": "qwen2"}.get(self.positions)
+        if needs and self.family != needs:
+            raise ValueError(f"positions {self.positions!r} needs family {needs} (got {self.family!r})")
+        for name in ("position_span", "position_eval_stride", "position_span_min"):
+            if getattr(self, name) is not None and self.positions != "random":
+                raise ValueError(f"{name} applies to positions: random only (got positions {self.positions!r})")
+        span = self.position_span or self.max_positions
+        if self.position_span_min is not None and self.position_span_min > span:
+            raise ValueError(f"position_span_min={self.position_span_min} exceeds the span {span}")
+        return self
+
 
 DEFAULT_METHOD = "sft_cot"  # a trial or sweep that names no method trains on the full chain
 
