@@ -74,7 +74,7 @@ def main() -> None:
             cols.append(f"{statistics.mean(accs):.3f} ± {statistics.stdev(accs):.3f} ({rule:.3f})")
         cpus = [r["cpu_min"] for r in rs if r.get("cpu_min")]
         cpu = f"{statistics.mean(cpus):.2f}" if cpus else "-"
-        seeds = ",".join(str(r["seed"]) for r in rs)
+        seeds = ",".join(str(s) for s in sorted(r["seed"] for r in rs))
         print(f"| {name} | {seeds} | {cols[0]} | {cols[1]} | {cols[2]} | {cpu} |")
 
 
