@@ -64,18 +64,27 @@ class ModelCfg(Strict):
 
     @model_validator(mode="after")
     def _positions(self):
-        """The position options' combinations, checked when the spec is read (build_model checks
-        them again for direct callers)."""
-        needs = {"none": "gpt2", "random": "qwen2"}.get(self.positions)
-        if needs and self.family != needs:
-            raise ValueError(f"positions {self.positions!r} needs family {needs} (got {self.family!r})")
-        for name in ("position_span", "position_eval_stride", "position_span_min"):
-            if getattr(self, name) is not None and self.positions != "random":
-                raise ValueError(f"{name} applies to positions: random only (got positions {self.positions!r})")
-        span = self.position_span or self.max_positions
-        if self.position_span_min is not None and self.position_span_min > span:
-            raise ValueError(f"position_span_min={self.position_span_min} exceeds the span {span}")
+        """The position options' combinations, checked when the spec is read."""
+        problem = position_options_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def position_options_problem(m, prefix: str = "") -> str | None:
+    """What is wrong with an embedded model's position options (a ModelCfg or a models.ModelSpec),
+    or None: `positions: none` needs family gpt2, `random` needs qwen2, the span options need
+    `random`, and position_span_min may not exceed the span. `prefix` ("model.") names the fields."""
+    needs = {"none": "gpt2", "random": "qwen2"}.get(m.positions)
+    if needs and m.family != needs:
+        return f"{prefix}positions {m.positions!r} needs {prefix}family {needs} (got {m.family!r})"
+    for name in ("position_span", "position_eval_stride", "position_span_min"):
+        if getattr(m, name) is not None and m.positions != "random":
+            return f"{prefix}{name} applies to {prefix}positions: random only (got positions {m.positions!r})"
+    span = m.position_span or m.max_positions
+    if m.position_span_min is not None and m.position_span_min > span:
+        return f"{prefix}position_span_min={m.position_span_min} exceeds the span {span}"
+    return None
 
 
 DEFAULT_METHOD = "sft_cot"  # a trial or sweep that names no method trains on the full chain

@@ -90,21 +90,16 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     if spec.pretrained is None:
-        needs = {"none": "gpt2", "random": "qwen2"}.get(spec.positions)
-        if needs and spec.family != needs:
-            raise UserError(f"model.positions={spec.positions!r} needs model.family {needs} (got {spec.family!r})")
-        for name in ("position_span", "position_eval_stride", "position_span_min"):
-            if getattr(spec, name) is not None and spec.positions != "random":
-                raise UserError(
-                    f"model.{name} applies to model.positions: random only (got positions {spec.positions!r})"
-                )
+        from stabray.config import position_options_problem
+
+        problem = position_options_problem(spec, prefix="model.")
+        if problem:
+            raise UserError(problem)
         model = _build_embedded(spec, tokenizer)
         if spec.positions == "random":
             from stabray.models.positions import wrap_random_positions
 
             span = spec.position_span or spec.max_positions
-            if spec.position_span_min is not None and spec.position_span_min > span:
-                raise UserError(f"model.position_span_min={spec.position_span_min} exceeds the span {span}")
             wrap_random_positions(model, span, spec.position_eval_stride or 1, spec.position_span_min)
         if spec.freeze_embeddings:  # a token never trained on keeps a vector like every other token's
             model.get_input_embeddings().weight.requires_grad_(False)
