@@ -10,10 +10,11 @@ positions are random, and distances up to `span - 1` occur in training whatever 
 Evaluation, generation and the stability measure (the model in eval mode) use evenly spaced
 positions 0, k, 2k, ... (`model.position_eval_stride` k, default 1: the ordinary positions, as
 skip-wise position training, PoSE, Zhu et al. 2023, does): every distance a test input of at most
-`span / k` tokens brings was seen in training. A stride near the mean training gap (span / training
-length) keeps the gaps of evaluation like those of training: on LEGO-cyclic (2-3 variables, span
-128, mean gap about 3) stride 2 scored 0.575 in distribution where stride 1 scored 0.170, the same
-trained model (README, "Laptop calibration").
+`span / k` tokens brings was seen in training. A stride of about half the mean training gap
+(span / training length) or more keeps the evaluation's distances like the training's: on
+LEGO-cyclic (2-3 variables, span 128, mean gap about 3) stride 2 scored 0.575 in distribution where
+stride 1 scored 0.170, the same trained model; on labelled Dijkstra (span 512, mean gap about 7)
+strides 3-4 worked best (README, "Laptop calibration").
 
 With `model.position_span_min` m, each step first draws its own span uniformly from
 `max(length, m) .. span` and then the subset from `0 .. that span - 1`: the density of positions varies
