@@ -110,6 +110,8 @@ def main() -> None:
         set_path(cfg, k, yaml.safe_load(v))
     cfg["seed"] = args.seed
     cfg["cache_dir"] = args.cache_dir
+    if args.eval_strides and cfg.get("model", {}).get("positions") != "random":  # checked before training
+        raise SystemExit(f"--eval-strides needs a profile with model.positions: random ({args.profile} has none)")
     t0, c0 = time.perf_counter(), time.process_time()
     run = TrialRun(cfg)
     n_params = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
@@ -130,8 +132,6 @@ def main() -> None:
         from stabray.models.positions import RandomPositions
 
         mods = [m for m in run.model.modules() if isinstance(m, RandomPositions)]
-        if not mods:
-            raise SystemExit("--eval-strides needs a profile with model.positions: random")
         kept = mods[0].eval_stride
         for k in (int(x) for x in args.eval_strides.split(",")):
             for m in mods:

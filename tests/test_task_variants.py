@@ -110,6 +110,117 @@ def test_labels_must_be_a_pool_size(bad):
         get_task("dijkstra", n_nodes=4, labels=bad)
 
 
+def parse_state(text: str, labels: list[int], decimals: int) -> tuple[list[int], list[int | None], list[bool]]:
+    """A written state `[2:5 1.2; 5:5 0.0 *; 9:9]` as (pred, key in units of the last decimal place
+    or None when unreached, extracted) by node index."""
+    pred, key, done = [], [], []
+    entries = text.strip("[]").split("; ")
+    assert [int(e.split(":")[0]) for e in entries] == labels  # every node, in label order
+    for e in entries:
+        head, *rest = e.split()
+        pred.append(labels.index(int(head.split(":")[1])))
+        key.append(round(float(rest[0]) * 10**decimals) if rest and rest[0] != "*" else None)
+        done.append(rest[-1:] == ["*"])
+    return pred, key, done
+
+
+def one_extraction(state, A_units: np.ndarray, prim: bool):
+    """The next state from a written one and the graph alone (None when nothing is queued)."""
+    pred, key, done = (list(x) for x in state)
+    queued = [i for i in range(len(key)) if key[i] is not None and not done[i]]
+    if not queued:
+        return None
+    u = min(queued, key=lambda i: (key[i], i))
+    done[u] = True
+    for v in np.flatnonzero(A_units[u]):
+        new = A_units[u, v] if prim else key[u] + A_units[u, v]
+        if not done[v] and (key[v] is None or new < key[v]):
+            pred[v], key[v] = u, int(new)
+    return pred, key, done
+
+
+@pytest.mark.parametrize("name", ["dijkstra", "mst_prim"])
+def test_distances_variant_each_step_follows_from_the_one_before(name):
+    """The point of `distances: true`: every written state is the previous written state plus one
+    extraction, computed from the text and the graph alone; the final pi is the state after the
+    last extraction, and nothing is left queued."""
+    task = get_task(name, n_nodes=6, decimals=1, labels=12, distances=True)
+    prim, steps_seen = name == "mst_prim", 0
+    for size in (3, 4, 5, 6):
+        for ex in draw(task, "test", 40, 1, size):
+            labels, A, s = parse_labelled(ex.question, weighted=True)
+            units = np.rint(A * 10).astype(int)
+            state = parse_state(re.search(r"initial_trace: (\[.*\])\n", ex.question).group(1), labels, 1)
+            assert state[1] == [0 if v == s else None for v in range(size)] and not any(state[2])
+            for step in ex.steps:
+                state = one_extraction(state, units, prim)
+                assert parse_state(step, labels, 1) == state, (ex.question, ex.answer)
+                steps_seen += 1
+            last = one_extraction(state, units, prim)
+            assert last is not None and one_extraction(last, units, prim) is None
+            assert named(ex.final) == {labels[v]: labels[p] for v, p in enumerate(last[0])}
+    assert steps_seen > 200
+
+
+def test_distances_variant_keys_against_scipy():
+    """Independent of the trace: the last written Dijkstra state holds scipy's shortest-path
+    distances for every reached node, and Prim's keys add up to scipy's minimum spanning tree of
+    the source's component."""
+    from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
+
+    for name in ("dijkstra", "mst_prim"):
+        task = get_task(name, n_nodes=6, decimals=1, labels=12, distances=True)
+        for ex in draw(task, "test", 60, 2, 6):
+            labels, A, s = parse_labelled(ex.question, weighted=True)
+            text = ex.steps[-1] if ex.steps else re.search(r"initial_trace: (\[.*\])\n", ex.question).group(1)
+            _, key, _ = parse_state(text, labels, 1)
+            graph = np.where(np.eye(len(A), dtype=bool), 0, A)  # self-loops never shorten a path
+            if name == "dijkstra":
+                d = shortest_path(graph, method="D", directed=False, indices=s)
+                for v in range(len(A)):
+                    assert (key[v] is None) == (not np.isfinite(d[v]))
+                    if key[v] is not None:
+                        assert key[v] / 10 == pytest.approx(d[v], abs=1e-9)
+            else:
+                _, comp = connected_components(graph, directed=False)
+                inside = np.flatnonzero(comp == comp[s])
+                mst = minimum_spanning_tree(graph[np.ix_(inside, inside)]).sum()
+                assert [v for v in range(len(A)) if key[v] is not None] == inside.tolist()
+                assert sum(key[v] for v in inside) / 10 == pytest.approx(mst, abs=1e-9)
+
+
+def test_distances_variant_keeps_the_answer_and_rules():
+    """Same graph, source and labels as the labelled variant; the final pi (and so every trivial
+    rule's score) is the same wherever no displayed tie is broken differently by float sums."""
+    lab = get_task("dijkstra", n_nodes=5, decimals=1, labels=9)
+    dist = get_task("dijkstra", n_nodes=5, decimals=1, labels=9, distances=True)
+    same = 0
+    for seed in range(60):
+        a = lab.sample(np.random.RandomState(seed), 5)
+        b = dist.sample(np.random.RandomState(seed), 5)
+        assert a.question.split("initial_trace")[0] == b.question.split("initial_trace")[0]
+        assert a.meta == b.meta and len(a.steps) == len(b.steps)
+        assert lab.baseline_accuracy([a]) == dist.baseline_accuracy([b])
+        same += a.final == b.final
+    assert same >= 57  # ties of float sums (0.1 + 0.2 vs 0.3) are rare
+    assert "distances" not in lab.describe() and dist.describe()["distances"] is True
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"name": "dijkstra", "distances": True}, "needs the labelled variant"),
+        ({"name": "bfs", "labels": 8, "distances": True}, "not bfs"),
+        ({"name": "dijkstra", "labels": 8, "distances": "yes"}, "distances must be true or false"),
+    ],
+)
+def test_distances_bad_input(params, match):
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match=match):
+        get_task(params.pop("name"), n_nodes=4, **params)
+
+
 @pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
 def test_named_lego_states_carry_the_same_values(name):
     plain = get_task(name, n_vars=4)

@@ -25,6 +25,15 @@ is written as adjacency lists by label (`A: {2: [5 0.6], 5: [2 0.6, 5 0.3], 9: [
 each neighbour in weighted graphs, self-loops kept) and every `pi` vector names its entries
 (`[2:5 5:5 9:9]`: node 2's predecessor is node 5). A model trained on small graphs then has written
 every label and finds every entry by its name rather than by counting positions.
+
+Whole-state steps (`distances: true`, labelled Dijkstra and Prim only): every trace step, and the
+initial trace, writes the state after one extraction, `[2:5 1.2; 5:5 0.0 *; 9:9]`: each node's
+predecessor, its key (Dijkstra: tentative distance; Prim: lightest edge to the tree) once reached,
+and `*` once extracted. The `pi` trace alone leaves the distances implicit, so a step depends on
+sums over the whole path so far; with the state written, each step follows from the previous step
+and the graph (one extraction, one-edge sums). Sums are computed in units of the last decimal place,
+so the written keys are the ones compared (with float sums a displayed tie, 0.1 + 0.2 vs 0.3, could
+update). The final answer stays the labelled `pi`.
 """
 
 from __future__ import annotations
@@ -89,29 +98,53 @@ def sample_graph(
     return mat.astype(np.int64)
 
 
-def dijkstra(A: np.ndarray, s: int) -> list[np.ndarray]:
-    """pi_h after the initial state and after every extraction (CLRS semantics, strict < updates,
-    lowest index among minima)."""
+@dataclass(frozen=True)
+class State:
+    """The algorithm's state after one extraction (the labelled variant with `distances: true`
+    writes it): `pi`, the key of every node (Dijkstra: the tentative distance; Prim: the lightest
+    edge to the tree), `reached` (in the queue or extracted) and `done` (extracted)."""
+
+    pi: np.ndarray
+    key: np.ndarray
+    reached: np.ndarray
+    done: np.ndarray
+
+
+def extraction_states(A: np.ndarray, s: int, prim: bool = False) -> list[State]:
+    """Dijkstra's (prim=False) or Prim's (prim=True) extraction loop, the state after the initial
+    step and after every extraction (CLRS semantics: strict < updates, lowest index among minima).
+    The arithmetic is exact when A holds integers (the distances variant passes weights in units
+    of the last decimal place, so the sums it writes are the ones compared)."""
     n = A.shape[0]
-    d = np.zeros(n)
+    key = np.zeros(n, dtype=A.dtype)
     mark = np.zeros(n, dtype=bool)
     in_queue = np.zeros(n, dtype=bool)
     pi = np.arange(n)
-    d[s] = 0.0
     in_queue[s] = True
-    trace = [pi.copy()]
+
+    def snap() -> State:
+        return State(pi.copy(), key.copy(), in_queue | mark, mark.copy())
+
+    states = [snap()]
     while in_queue.any():
-        cand = np.where(in_queue, d, np.inf)
+        cand = np.where(in_queue, key, np.inf)
         u = int(np.flatnonzero(cand == cand.min())[0])
         in_queue[u] = False
         mark[u] = True
         for v in range(n):
-            if A[u, v] != 0 and not mark[v] and (not in_queue[v] or d[u] + A[u, v] < d[v]):
+            new = A[u, v] if prim else key[u] + A[u, v]
+            if A[u, v] != 0 and not mark[v] and (not in_queue[v] or new < key[v]):
                 pi[v] = u
-                d[v] = d[u] + A[u, v]
+                key[v] = new
                 in_queue[v] = True
-        trace.append(pi.copy())
-    return trace
+        states.append(snap())
+    return states
+
+
+def dijkstra(A: np.ndarray, s: int) -> list[np.ndarray]:
+    """pi_h after the initial state and after every extraction (CLRS semantics, strict < updates,
+    lowest index among minima)."""
+    return [st.pi for st in extraction_states(A, s)]
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,8 @@ class GraphParams:
     # 0: CLRS-Text (an unlabelled matrix, pi by position); k > 0: the labelled variant, node labels
     # drawn from 0..k-1 (k >= every size used), adjacency lists and named pi entries (module docstring)
     labels: int = 0
+    # labelled variant only, Dijkstra and Prim: every trace step writes the whole state (module docstring)
+    distances: bool = False
 
 
 class CLRSTask(Task):
@@ -133,6 +168,7 @@ class CLRSTask(Task):
     directed = False
     weighted = True
     has_source = True
+    prim: bool | None = None  # Dijkstra (False) or Prim (True): the extraction loop; None: no `distances`
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -143,6 +179,13 @@ class CLRSTask(Task):
         labels = self.params.labels
         if not isinstance(labels, int) or isinstance(labels, bool) or labels < 0:
             raise UserError(f"task {self.name!r}: labels must be 0 (CLRS-Text) or a pool size > 0, got {labels!r}")
+        if not isinstance(self.params.distances, bool):
+            raise UserError(f"task {self.name!r}: distances must be true or false, got {self.params.distances!r}")
+        if self.params.distances and (self.prim is None or not labels):
+            raise UserError(
+                f"task {self.name!r}: distances: true needs the labelled variant (labels > 0) of dijkstra or "
+                f"mst_prim" + ("" if self.prim is not None else f", not {self.name}")
+            )
         for size in (*self.in_dist_sizes, *self.long_sizes().values()):
             self.check_size(size)
 
@@ -158,6 +201,8 @@ class CLRSTask(Task):
         d = super().describe()
         if not d.get("labels"):  # CLRS-Text keeps its dataset cache keys
             d.pop("labels", None)
+        if not d.get("distances"):  # and so does the labelled variant without distances
+            d.pop("distances", None)
         return d
 
     def run(self, A: np.ndarray, s: int) -> list[np.ndarray]:
@@ -170,28 +215,61 @@ class CLRSTask(Task):
             rng, n, directed=self.directed, weighted=self.weighted, p=self.params.p, decimals=self.params.decimals
         )
         s = int(rng.choice(n)) if self.has_source else None
-        trace = self.run(A, s)
+        if self.params.distances:
+            # exact sums: weights in units of the last decimal place (0.7 -> 7)
+            units = np.rint(A * 10**self.params.decimals).astype(np.int64)
+            states = extraction_states(units, s, prim=bool(self.prim))
+            trace = [st.pi for st in states]
+        else:
+            states, trace = None, self.run(A, s)
         # drawn after the graph and source, so the labelled variant has CLRS-Text's graphs
         labels = (
             sorted(int(x) for x in rng.choice(self.params.labels, n, replace=False)) if self.params.labels else None
         )
+        if states is not None:
+            return self.render(A, s, trace, labels, steps=[self.fmt_state(st, labels) for st in states])
         return self.render(A, s, trace, labels)
+
+    def fmt_state(self, st: State, labels: list[int]) -> str:
+        """A whole state, by label: `[2:5 1.2; 5:5 0.0 *; 9:9]` (node 2: predecessor 5, key 1.2, in
+        the queue; node 5: extracted; node 9: not reached, no key). Entries are separated by ';'
+        because ', ' separates trace steps (generated answers are split into steps on it)."""
+        scale = 10**self.params.decimals
+        entries = []
+        for i in range(len(labels)):
+            e = f"{labels[i]}:{labels[int(st.pi[i])]}"
+            if st.reached[i]:
+                e += f" {fmt_num(round(int(st.key[i]) / scale, self.params.decimals))}"
+            if st.done[i]:
+                e += " *"
+            entries.append(e)
+        return "[" + "; ".join(entries) + "]"
 
     def fmt_pi(self, pi: np.ndarray, labels: list[int] | None) -> str:
         return fmt_vec(pi) if labels is None else fmt_named(labels, pi)
 
-    def render(self, A: np.ndarray, s: int | None, trace: list[np.ndarray], labels: list[int] | None = None) -> Example:
+    def render(
+        self,
+        A: np.ndarray,
+        s: int | None,
+        trace: list[np.ndarray],
+        labels: list[int] | None = None,
+        steps: list[str] | None = None,
+    ) -> Example:
+        """`steps`: the rendered trace points (the distances variant's states); default: `trace`'s pi."""
         n = A.shape[0]
+        if steps is None:
+            steps = [self.fmt_pi(t, labels) for t in trace]
         graph = fmt_mat(A) if labels is None else fmt_adjacency(labels, A, self.weighted)
         inputs = [f"s: {s if labels is None else labels[s]}"] if s is not None else []
-        inputs += [f"A: {graph}", f"initial_trace: {self.fmt_pi(trace[0], labels)}"]
+        inputs += [f"A: {graph}", f"initial_trace: {steps[0]}"]
         head = f"{self.name}:\n{', '.join(inputs)}\n"
         meta = {"n": n, "source": s, "A": A.tolist()}
         if labels is not None:
             meta["labels"] = labels
         return Example(
             question=head + "trace | pi:\n",
-            steps=tuple(self.fmt_pi(t, labels) for t in trace[1:-1]),
+            steps=tuple(steps[1:-1]),
             final=self.fmt_pi(trace[-1], labels),
             question_nohint=head + "pi:\n",
             meta=meta,
@@ -227,6 +305,8 @@ class Dijkstra(CLRSTask):
         [3 1 2 3], [3 1 0 3], [3 2 0 3] | [3 2 0 3]
     """
 
+    prim = False
+
     def run(self, A, s):
         return dijkstra(A, s)
 
@@ -257,25 +337,7 @@ def bellman_ford(A: np.ndarray, s: int) -> list[np.ndarray]:
 def mst_prim(A: np.ndarray, s: int) -> list[np.ndarray]:
     """pi_h after the initial state and after every extraction: Dijkstra's loop with the key of a
     node = the lightest edge to the tree (strict < updates, lowest index among minima)."""
-    n = A.shape[0]
-    key = np.zeros(n)
-    mark = np.zeros(n, dtype=bool)
-    in_queue = np.zeros(n, dtype=bool)
-    pi = np.arange(n)
-    in_queue[s] = True
-    trace = [pi.copy()]
-    while in_queue.any():
-        cand = np.where(in_queue, key, np.inf)
-        u = int(np.flatnonzero(cand == cand.min())[0])
-        in_queue[u] = False
-        mark[u] = True
-        for v in range(n):
-            if A[u, v] != 0 and not mark[v] and (not in_queue[v] or A[u, v] < key[v]):
-                pi[v] = u
-                key[v] = A[u, v]
-                in_queue[v] = True
-        trace.append(pi.copy())
-    return trace
+    return [st.pi for st in extraction_states(A, s, prim=True)]
 
 
 def bfs(A: np.ndarray, s: int) -> list[np.ndarray]:
@@ -356,6 +418,8 @@ class MSTPrim(CLRSTask):
         trace | pi:
         [0 3 3 3], [0 3 3 3], [1 3 3 3] | [1 3 3 3]
     """
+
+    prim = True
 
     def run(self, A, s):
         return mst_prim(A, s)
