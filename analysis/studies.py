@@ -18,7 +18,6 @@ configurations are rerun to n seeds (`analysis.rerun`: the selected trial's seed
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,9 +51,9 @@ class Context:
 
 
 def _table1(c: Context):
-    from analysis.tables import table1
+    from analysis.tables import method_tests, table1
 
-    return [table1(c.trials, rule=c.rule)]
+    return [table1(c.trials, rule=c.rule), method_tests(c.trials, rule=c.rule)]
 
 
 def _table1_length(c: Context):
@@ -189,7 +188,7 @@ class Output:
 
 
 OUTPUTS: dict[str, Output] = {
-    "table1": Output(("table1_accuracy",), _table1),
+    "table1": Output(("table1_accuracy", "method_tests"), _table1),
     "table1_length": Output(("table1_n<k> per long size, or table1_length and table1_length_20",), _table1_length),
     "table2": Output(("table2_decomposition_by_T",), _table2),
     "table3": Output(("table3_bits",), _table3),
@@ -686,8 +685,6 @@ def reproduce(
             )
             parents[sp.name] = rerun_parents(sp.tracking_uri, sp.experiment, sp.reuse)  # the new reruns too
 
-    # one eq. (4) table download per trial: MLflow's per-download progress bar would bury the tables
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     trials, decomp = load_study_trials(specs, parents)
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(trials, decomp, out, rule, plan.group)

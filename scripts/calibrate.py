@@ -62,6 +62,54 @@ def split_report(run, split: str) -> dict:
     }
 
 
+def token_count(run, text: str) -> int:
+    return len(run.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def reach_report(run, split: str, predictions: list[str], stride: int, span: int) -> dict:
+    """Randomized positions: accuracy on the examples whose whole gold sequence (BOS, question,
+    answer, EOS) stays inside the trained positions at this evaluation stride ((length - 1) * stride
+    < span) and on the rest, which reach rotary phases training never drew; the best trivial rule on
+    the same two subsets (the ones inside are the shorter, easier graphs); per example, right or
+    wrong (`ok`), so other selections can be scored from the JSON line."""
+    from stabray.tasks.base import extract_final
+
+    exs = run.data[split]
+    lengths = [token_count(run, e.question + e.answer) + 2 for e in exs]
+    ok = [run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, predictions)]
+    inside = [(n - 1) * stride < span for n in lengths]
+    part = {True: [e for e, i in zip(exs, inside) if i], False: [e for e, i in zip(exs, inside) if not i]}
+    rule = {k: max(run.task.baseline_accuracy(v).values(), default=0.0) if v else 0.0 for k, v in part.items()}
+    n_in = sum(inside)
+    return {
+        "acc": sum(ok) / len(ok),
+        "n_within_span": n_in,
+        "acc_within_span": sum(o for o, i in zip(ok, inside) if i) / max(1, n_in),
+        "rule_within_span": rule[True],
+        "acc_beyond_span": sum(o for o, i in zip(ok, inside) if not i) / max(1, len(ok) - n_in),
+        "rule_beyond_span": rule[False],
+        "max_len": max(lengths),
+        "ok": ok,
+    }
+
+
+def fitted_strides(run, span: int, strides: list[int]) -> tuple[dict[str, list[int]], float]:
+    """Per example of every evaluation split, the largest of `strides` at which its expected
+    sequence fits inside the trained positions, from the question alone: expected length = the
+    question's tokens x the largest (whole sequence / question) token ratio of 500 training
+    examples, so no gold answer decides (the smallest stride when none fits). Ruoss et al. draw
+    positions per input for the same reason: a longer input needs denser positions."""
+    ratio = max(
+        (token_count(run, e.question + e.answer) + 2) / token_count(run, e.question) for e in run.data["train"][:500]
+    )
+    chosen = {}
+    for split in ("test", *run.long_splits):
+        expected = [math.ceil(ratio * token_count(run, e.question)) for e in run.data[split]]
+        chosen[split] = [max((k for k in strides if (n - 1) * k < span), default=min(strides)) for n in expected]
+    return chosen, ratio
+
+
+PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 
 
@@ -136,8 +184,29 @@ def main() -> None:
         for k in (int(x) for x in args.eval_strides.split(",")):
             for m in mods:
                 m.eval_stride = k
-            strides[str(k)] = {s: run.evaluate(s).acc for s in ("test", *run.long_splits)}
-            print(f"  eval stride {k}: " + " ".join(f"{s} {a:.3f}" for s, a in strides[str(k)].items()), flush=True)
+            reports = {s: reach_report(run, s, run.evaluate(s).predictions, k, mods[0].span) for s in final}
+            strides[str(k)] = {s: r["acc"] for s, r in reports.items()}
+            strides[f"{k}_reach"] = reports
+            print(f"  eval stride {k}:", flush=True)
+            for s, r in reports.items():
+                print(
+                    f"    {s:8s} {r['acc']:.3f}; {r['n_within_span']} inside the span {r['acc_within_span']:.3f} "
+                    f"(rule {r['rule_within_span']:.3f}), beyond {r['acc_beyond_span']:.3f} "
+                    f"(rule {r['rule_beyond_span']:.3f})",
+                    flush=True,
+                )
+        ks = sorted(int(x) for x in args.eval_strides.split(","))
+        chosen, ratio = fitted_strides(run, mods[0].span, ks)
+        fitted = {}
+        for s, picks in chosen.items():
+            ok = [strides[f"{k}_reach"][s]["ok"][i] for i, k in enumerate(picks)]
+            fitted[s] = {"acc": sum(ok) / len(ok), "strides": picks}
+        strides["fitted"] = {"ratio": ratio, **fitted}
+        print(
+            f"  per-input stride (largest of {ks} that fits the expected length, ratio {ratio:.2f}): "
+            + " ".join(f"{s} {r['acc']:.3f}" for s, r in fitted.items()),
+            flush=True,
+        )
         for m in mods:
             m.eval_stride = kept
     rec = {  # the fields scripts/calibration_table.py reads, then the details

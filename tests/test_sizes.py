@@ -3,6 +3,7 @@ validator, and the trivial-rule floors every trial logs beside its accuracies.""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -301,3 +302,49 @@ def test_calibration_profiles_build():
     assert built >= 30
     d17 = parse_trial_config(calibrate.profile_config("d17_mix34_init1", profiles))
     assert d17.model.init_std == 0.1 and d17.task.params == {"decimals": 1, "train_sizes": [3, 4]}
+
+
+def _t_pvalue(t: float, dof: float) -> float:
+    """Two-sided p of Student's t from its density, integrated numerically (independent of scipy)."""
+    c = math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2))
+    x = np.linspace(abs(t), abs(t) + 2000.0, 2_000_001)
+    f = c * (1 + x**2 / dof) ** (-(dof + 1) / 2)
+    return float(2 * np.sum((f[1:] + f[:-1]) / 2 * np.diff(x)))
+
+
+def test_welch_against_the_formula():
+    from analysis.tables import welch
+
+    a, b = [0.965, 0.96, 0.935], [0.98, 0.97, 0.95, 0.99]
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 4
+    t = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    got = welch(a, b)
+    assert got[0] == pytest.approx(t, rel=1e-9) and got[1] == pytest.approx(dof, rel=1e-9)
+    assert got[2] == pytest.approx(_t_pvalue(t, dof), abs=2e-4)
+    assert welch([0.0, 0.0], [0.0, 0.0])[2] == 1.0 and welch([1.0, 1.0], [0.0, 0.0])[2] == 0.0
+    assert welch([0.5], [0.1, 0.2]) is None
+
+
+def test_method_tests_table():
+    """Algorithm 1 minus each method, per logged accuracy: the difference of seed means in points
+    and Welch's p on the same seeds; metrics no trial logged and methods without trials are left out."""
+    from analysis.tables import method_tests, welch
+
+    rng = np.random.default_rng(2)
+    recs, acc = [], {}
+    for m in ("alg1", "sft_cot", "nso"):
+        for seed in range(3):
+            vals = {"test_acc": float(rng.uniform()), "test_acc_n5": float(rng.uniform()), "best_val_acc": 0.5}
+            acc.setdefault(m, []).append(vals)
+            recs.append(TrialRecord(f"{m}{seed}", {"task": "dijkstra", "method": m, "seed": seed}, vals))
+    recs.append(TrialRecord("x", {"task": "dijkstra", "method": "alg1", "seed": 9}, {"test_long_acc": None}))
+    table = method_tests(trials_frame(recs))
+    assert table.display["Method"].to_list() == ["SFT-CoT", "NSO"]
+    assert table.display.columns == ["Task", "Method", "test_acc Δ", "test_acc p", "test_acc_n5 Δ", "test_acc_n5 p"]
+    for row in table.display.iter_rows(named=True):
+        m = {"SFT-CoT": "sft_cot", "NSO": "nso"}[row["Method"]]
+        for metric in ("test_acc", "test_acc_n5"):
+            ref, other = [v[metric] for v in acc["alg1"]], [v[metric] for v in acc[m]]
+            assert row[f"{metric} Δ"] == f"{100 * (np.mean(ref) - np.mean(other)):+.1f}"
+            assert row[f"{metric} p"] == f"{welch(ref, other)[2]:.3f}"

@@ -371,6 +371,9 @@ class Store:
             names = {a.path for a in self.client.list_artifacts(run_id, parent)}
             if path not in names:
                 return None
+            # MLflow draws a progress bar per download; a report reads one small JSON per trial,
+            # and a screen of bars would bury its output (set the variable to "true" to see them)
+            os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
             with tempfile.TemporaryDirectory() as tmp:
                 local = self.client.download_artifacts(run_id, path, tmp)
                 return json.loads(Path(local).read_text())
