@@ -363,6 +363,11 @@ def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] 
     return float(res.statistic), float(dof), float(res.pvalue)
 
 
+def fmt_p(p: float) -> str:
+    """A p-value to 3 decimals; below 0.001 as "<0.001" (not a misleading 0.000)."""
+    return "<0.001" if p < 0.0005 else f"{p:.3f}"
+
+
 def _seed_values(seeds: pl.DataFrame, task: str, method: str, metric: str) -> list[float]:
     rows = seeds.filter((pl.col("task") == task) & (pl.col("method") == method) & pl.col(metric).is_not_null())
     return rows[metric].to_list()
@@ -407,7 +412,7 @@ def method_tests(
             for metric, (ref, other, w) in vals.items():
                 diff = (sum(ref) / len(ref) - sum(other) / len(other)) * 100 if ref and other else None
                 display[f"{metric} Δ"].append(MISSING if diff is None else f"{diff:+.1f}")
-                display[f"{metric} p"].append(MISSING if w is None else f"{w[2]:.3f}")
+                display[f"{metric} p"].append(MISSING if w is None else fmt_p(w[2]))
                 data.append(
                     {
                         "task": t,

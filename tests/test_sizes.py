@@ -347,4 +347,5 @@ def test_method_tests_table():
         for metric in ("test_acc", "test_acc_n5"):
             ref, other = [v[metric] for v in acc["alg1"]], [v[metric] for v in acc[m]]
             assert row[f"{metric} Δ"] == f"{100 * (np.mean(ref) - np.mean(other)):+.1f}"
-            assert row[f"{metric} p"] == f"{welch(ref, other)[2]:.3f}"
+            p = welch(ref, other)[2]
+            assert row[f"{metric} p"] == ("<0.001" if p < 0.0005 else f"{p:.3f}")
