@@ -359,8 +359,7 @@ def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] 
     if va + vb == 0:
         return (math.copysign(math.inf, diff), math.nan, 0.0) if diff else (0.0, math.nan, 1.0)
     res = stats.ttest_ind(a, b, equal_var=False)
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(res.statistic), float(dof), float(res.pvalue)
+    return float(res.statistic), float(res.df), float(res.pvalue)
 
 
 def fmt_p(p: float) -> str:
