@@ -66,7 +66,12 @@ def token_count(run, text: str) -> int:
     return len(run.tokenizer(text, add_special_tokens=False).input_ids)
 
 
-def reach_report(run, split: str, predictions: list[str], stride: int, span: int) -> dict:
+def sequence_lengths(run, split: str) -> list[int]:
+    """Tokens of each example's whole gold sequence: BOS, question, answer, EOS."""
+    return [token_count(run, e.question + e.answer) + 2 for e in run.data[split]]
+
+
+def reach_report(run, split: str, predictions: list[str], stride: int, span: int, lengths: list[int]) -> dict:
     """Randomized positions: accuracy on the examples whose whole gold sequence (BOS, question,
     answer, EOS) stays inside the trained positions at this evaluation stride ((length - 1) * stride
     < span) and on the rest, which reach rotary phases training never drew; the best trivial rule on
@@ -75,7 +80,6 @@ def reach_report(run, split: str, predictions: list[str], stride: int, span: int
     from stabray.tasks.base import extract_final
 
     exs = run.data[split]
-    lengths = [token_count(run, e.question + e.answer) + 2 for e in exs]
     ok = [run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, predictions)]
     inside = [(n - 1) * stride < span for n in lengths]
     part = {True: [e for e, i in zip(exs, inside) if i], False: [e for e, i in zip(exs, inside) if not i]}
@@ -109,7 +113,6 @@ def fitted_strides(run, span: int, strides: list[int]) -> tuple[dict[str, list[i
     return chosen, ratio
 
 
-PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 
 
@@ -181,10 +184,11 @@ def main() -> None:
 
         mods = [m for m in run.model.modules() if isinstance(m, RandomPositions)]
         kept = mods[0].eval_stride
+        lengths = {s: sequence_lengths(run, s) for s in final}  # the same at every stride
         for k in (int(x) for x in args.eval_strides.split(",")):
             for m in mods:
                 m.eval_stride = k
-            reports = {s: reach_report(run, s, run.evaluate(s).predictions, k, mods[0].span) for s in final}
+            reports = {s: reach_report(run, s, run.evaluate(s).predictions, k, mods[0].span, lengths[s]) for s in final}
             strides[str(k)] = {s: r["acc"] for s, r in reports.items()}
             strides[f"{k}_reach"] = reports
             print(f"  eval stride {k}:", flush=True)
