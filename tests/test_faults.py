@@ -140,6 +140,67 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
         assert sorted(steps) == [1, 2, 3]
 
 
+def test_grid_methods_in_one_tuner_resume_to_exactly_n_trials(tmp_path):
+    """A multi-method grid sweep (one Tuner for all methods) stopped by Ctrl-C resumes in the same
+    layout: each method's trials exactly once, under that method's group run, every group FINISHED."""
+    spec = spec_file(
+        tmp_path,
+        methods=["sft_cot", {"name": "nso", "space": {"sigma": {"choice": [0.01]}}}],
+        search={
+            "num_samples": 1,
+            "max_concurrent": 1,
+            "scheduler": "fifo",
+            "searcher": "grid",
+            "space": {"lam": None, "bits": None, "lr": None, "seed": {"choice": [0, 1]}},
+        },
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [
+        sys.executable,
+        "-m",
+        "stabray",
+        "sweep",
+        str(spec),
+        "--tracking-uri",
+        uri,
+        "--storage",
+        str(tmp_path / "runs"),
+    ]
+    log = open(tmp_path / "sweep.log", "w")
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((tmp_path / "runs").glob("ft-*/trial_*/checkpoint_*")):
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc = proc.wait(timeout=120)
+    out = (tmp_path / "sweep.log").read_text()
+    assert rc == 130 and "methods sft_cot (2), nso (2): 4 trials, 1 at a time" in out, out[-3000:]
+    _, before = children(uri, "ft")
+    assert len(before) < 4 or any(r.info.status != "FINISHED" for r in before)
+    res = subprocess.run(
+        [*cmd, "--resume"], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("ft").experiment_id], max_results=100)
+    groups = {r.data.tags["stabray.method"]: r for r in runs if r.data.tags.get("stabray.role") == "method"}
+    assert set(groups) == {"sft_cot", "nso"} and all(g.info.status == "FINISHED" for g in groups.values())
+    _, after = children(uri, "ft")
+    assert sorted((r.data.params["method"], r.data.params["seed"]) for r in after) == [
+        ("nso", "0"),
+        ("nso", "1"),
+        ("sft_cot", "0"),
+        ("sft_cot", "1"),
+    ]  # no duplicate runs, none missing
+    for r in after:
+        assert r.info.status == "FINISHED"
+        assert r.data.tags["mlflow.parentRunId"] == groups[r.data.params["method"]].info.run_id
+
+
 def test_nan_trial_fails_while_others_complete(tmp_path, monkeypatch, capsys):
     from stabray.cli import main
 

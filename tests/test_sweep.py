@@ -143,6 +143,64 @@ def test_multi_method_sweep_groups_trials_by_method(tmp_path, monkeypatch, capsy
     assert float(nso.data.params["sigma"]) == 0.01
 
 
+def test_grid_methods_share_one_tuner_and_its_slots(tmp_path, monkeypatch, capsys):
+    """A sweep whose methods are all plain grids runs them in one Tuner: a method's trials start while
+    the previous method's are still running (one Tuner per method would wait), each trial still sits
+    under its own method's group run, named by its own method's searched values, and the run's
+    folder holds one Tuner (what --resume restores)."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    spec = write_spec(
+        tmp_path,
+        methods=["sft_cot", {"name": "nso", "space": {"sigma": {"choice": [0.01]}}}],
+        search={
+            "num_samples": 1,
+            "max_concurrent": 2,
+            "searcher": "grid",
+            "scheduler": "fifo",
+            "space": {"lam": None, "bits": None, "lr": None},
+        },
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "methods sft_cot (1), nso (1): 2 trials, 2 at a time" in out and "2 trials (0 failed)" in out
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("mini").experiment_id], max_results=100)
+    role = lambda r: r.data.tags.get("stabray.role")  # noqa: E731
+    (parent,) = [r for r in runs if role(r) == "sweep"]
+    groups = {r.data.tags["stabray.method"]: r for r in runs if role(r) == "method"}
+    assert set(groups) == {"sft_cot", "nso"} and all(g.info.status == "FINISHED" for g in groups.values())
+    trials = {t.data.params["method"]: t for t in runs if role(t) == "trial"}
+    assert set(trials) == {"sft_cot", "nso"}
+    for m, t in trials.items():
+        assert t.data.tags["mlflow.parentRunId"] == groups[m].info.run_id and t.info.status == "FINISHED"
+    assert trials["nso"].info.run_name.startswith("nso-sigma0.01") and "sigma" not in trials["sft_cot"].info.run_name
+    first, second = sorted(trials.values(), key=lambda t: t.info.start_time)
+    assert second.info.start_time < first.info.end_time  # side by side, not one method after the other
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert (run_dir / "tuner.pkl").exists() and not (run_dir / "sft_cot").exists()
+    assert json.loads((run_dir / "stabray_sweep.json").read_text())["one_tuner"] is True
+
+
+def test_grid_configs_match_ray_space_expansion():
+    """`grid_configs` lists the trials Ray Tune's grid_search expansion of `ray_space` gives (as a multiset)."""
+    from ray.tune.search.variant_generator import generate_variants
+
+    from stabray.spec import load_spec
+    from stabray.tune.sweep import grid_configs, ray_space
+
+    spec, _ = load_spec(str(SWEEPS / "dijkstra_methods.yaml"))
+    spec = spec.model_copy(update={"search": spec.search.model_copy(update={"num_samples": 2})})
+    from stabray.spec import method_specs
+
+    for _, sub in method_specs(spec):
+        ours = [json.dumps(c, sort_keys=True) for c in grid_configs(sub)]
+        theirs = [json.dumps(v, sort_keys=True) for _, v in generate_variants(ray_space(sub))] * 2
+        assert sorted(ours) == sorted(theirs) and len(ours) == sub.search.n_trials
+
+
 def test_method_flag_runs_one_method_with_its_space(tmp_path):
     from stabray.commands.sweep import method_space_overrides
     from stabray.spec import load_spec

@@ -25,8 +25,20 @@ CURVES = ("train_loss", "val_acc", "val_eaf")  # per-epoch metrics in each trial
 
 
 class MLflowTuneCallback(Callback):
-    def __init__(self, tracking_uri: str, experiment: str, parent_run_id: str, searched: list[str] = (), stopper=None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        parent_run_id: str,
+        searched: list[str] = (),
+        stopper=None,
+        methods: dict[str, tuple[str, list[str]]] | None = None,
+    ):
         self.tracking_uri, self.experiment, self.parent_run_id = tracking_uri, experiment, parent_run_id
+        # A multi-method sweep run as one Tuner: method -> (its MLflow group run, its searched paths).
+        # Each trial then goes under its own method's group and is named by that method's searched
+        # paths; without it every trial goes under parent_run_id and `searched` names them all.
+        self.methods = {m: (g, list(paths)) for m, (g, paths) in (methods or {}).items()}
         # the sweep's EafStopper (or None): the same object Ray Tune asks, so its `stopped` says which
         # early-stopped trials it ended (the others were stopped by ASHA)
         self.stopper = stopper
@@ -69,7 +81,7 @@ class MLflowTuneCallback(Callback):
         return d
 
     def __setstate__(self, state):
-        self.__dict__.update({"fresh": set(), "curves": {}, **state})  # pickles from before these fields
+        self.__dict__.update({"fresh": set(), "curves": {}, "methods": {}, **state})  # pickles from before these fields
 
     def on_step_begin(self, iteration, trials, **info):
         """Once, when the sweep (re)starts: a trial run still RUNNING whose trial Ray Tune does not know
@@ -79,24 +91,37 @@ class MLflowTuneCallback(Callback):
             return
         self._lost_checked = True
         known = {t.trial_id for t in trials}
-        for rid, tid in self.store.running_children(self.parent_run_id).items():
-            if tid not in known:
-                self.store.mark_lost(rid)
-                self.runs = {t: r for t, r in self.runs.items() if r != rid}
+        for parent in self.parents():
+            for rid, tid in self.store.running_children(parent).items():
+                if tid not in known:
+                    self.store.mark_lost(rid)
+                    self.runs = {t: r for t, r in self.runs.items() if r != rid}
+
+    def parents(self) -> list[str]:
+        """The runs this callback's trial runs sit under."""
+        return [g for g, _ in self.methods.values()] if self.methods else [self.parent_run_id]
+
+    def parent_of(self, cfg: dict[str, Any]) -> str:
+        m = self.methods.get(cfg["method"]["name"])
+        return m[0] if m else self.parent_run_id
+
+    def searched_of(self, cfg: dict[str, Any]) -> list[str]:
+        m = self.methods.get(cfg["method"]["name"])
+        return m[1] if m else self.searched
 
     def _run_id(self, trial) -> str:
         if trial.trial_id not in self.runs:
             # After a driver crash the restored state may predate a run we created: look it up first.
-            found = self.store.find_child(self.parent_run_id, trial.trial_id)
+            cfg = unwrap(trial.config)
+            found = self.store.find_child(self.parent_of(cfg), trial.trial_id)
             if found:
                 self.runs[trial.trial_id] = found
                 return found
-            cfg = unwrap(trial.config)
             params = trial_params(cfg)
-            for path in self.searched:  # e.g. task.params.init_gain -> init_gain, unless already there
+            for path in self.searched_of(cfg):  # e.g. task.params.init_gain -> init_gain, unless already there
                 params.setdefault(path.rsplit(".", 1)[-1], get_path(cfg, path))
             self.runs[trial.trial_id] = self.store.start_child(
-                self.parent_run_id,
+                self.parent_of(cfg),
                 trial.trial_id,
                 run_name=self.name_of(trial),
                 params=params,
@@ -118,7 +143,8 @@ class MLflowTuneCallback(Callback):
     def name_of(self, trial) -> str:
         """The trial's readable name (alg1-lam0.2-b4-lr0.0031-s0), made unique with -2, -3, ..."""
         if trial.trial_id not in self.names:
-            base = run_name(unwrap(trial.config), self.searched)
+            cfg = unwrap(trial.config)
+            base = run_name(cfg, self.searched_of(cfg))
             taken, name, k = set(self.names.values()), base, 1
             while name in taken:
                 k += 1
@@ -137,7 +163,7 @@ class MLflowTuneCallback(Callback):
         return f"{self._about(cfg)}, up to {get_path(cfg, 'train.epochs')} epochs."
 
     def _about(self, cfg: dict[str, Any]) -> str:
-        values = ", ".join(f"{p.rsplit('.', 1)[-1]} = {get_path(cfg, p)}" for p in self.searched)
+        values = ", ".join(f"{p.rsplit('.', 1)[-1]} = {get_path(cfg, p)}" for p in self.searched_of(cfg))
         return f"One trial of the sweep **{self.experiment}**: {cfg['method']['name']} on {cfg['task']['name']}" + (
             f" with {values}" if values else ""
         )

@@ -229,9 +229,10 @@ def make_tuner(
     resume: bool,
     console: SweepConsole | None = None,
     verbose: bool = False,
+    param_space: dict[str, Any] | None = None,
 ):
     """A Tuner writing to `<storage>/<run>` (`run`: the run's folder, or `<run folder>/<method>`), or
-    the one restored from there."""
+    the one restored from there. `param_space`: the trials' space (default: `ray_space(spec)`)."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     s = spec.search
@@ -274,14 +275,14 @@ def make_tuner(
     )
     return tune.Tuner(
         train_fn,
-        param_space=ray_space(spec),
+        param_space=ray_space(spec) if param_space is None else param_space,
         tune_config=tune.TuneConfig(
             # several objectives: the searcher holds the lists (Tune would overwrite them with one metric)
             metric=None if s.multi else s.metric,
             mode=None if s.multi else s.mode,
             search_alg=searcher,
             scheduler=scheduler,
-            num_samples=s.num_samples,
+            num_samples=s.num_samples if param_space is None else 1,  # a given space lists every trial
             trial_name_creator=trial_name,
             reuse_actors=True,  # no process start + torch import per trial
             trial_dirname_creator=trial_name,
@@ -475,13 +476,47 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
     return (CombinedGrid(grids) if spec.methods else grids[0] if grids else None), info
 
 
+def one_tuner(subs: list) -> bool:
+    """Whether a multi-method sweep runs as one Tuner: every method a plain grid (no searcher state,
+    FIFO, no EAF stopping), so no trial's fate depends on the other trials of its method. Its slots
+    then never wait for a method's last trials to end before the next method starts (3 seeds at 2 at
+    a time: one Tuner per method runs each method in 2 rounds, one slot idle in the second). Searched or
+    early-stopped methods keep one Tuner each: their searcher or rung compares only that method's
+    trials."""
+    return len(subs) > 1 and all(
+        s.search.searcher == "grid" and s.search.scheduler == "fifo" and s.search.eaf_stop is None for _, s in subs
+    )
+
+
+def grid_configs(sub: SweepSpec) -> list[dict[str, Any]]:
+    """The trial configs of a grid spec, in order: every combination of its choices, num_samples
+    times each (what `ray_space` asks Ray Tune to expand)."""
+    import itertools
+
+    keys = [space_path(k) for k in sub.search.space]
+    choices = [list(d.choice or [None]) for d in sub.search.space.values()]
+    out = []
+    for values in itertools.product(*choices):
+        cfg = sub.trial_base()
+        for k, v in zip(keys, values):
+            set_path(cfg, k, copy.deepcopy(v))
+        out.extend(copy.deepcopy(cfg) for _ in range(sub.search.num_samples))
+    return out
+
+
 def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info) -> list:
-    """Tuner.fit() per method (one for a one-method sweep) until all ran or a signal came."""
+    """Tuner.fit() per method (one for a one-method sweep) until all ran or a signal came; a sweep
+    of grid methods (`one_tuner`) runs all its methods' trials in one Tuner."""
     from stabray.spec import method_specs
 
     parent = saved["parent_run_id"]
+    subs = method_specs(spec)
+    if saved.get("one_tuner", not resume and one_tuner(subs)):
+        return _fit_one_tuner(
+            spec, subs, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info
+        )
     grids = []
-    for label, sub in method_specs(spec):
+    for label, sub in subs:
         sub_run = run if label is None else f"{run}/{label}"
         group = parent
         if label is not None:  # MLflow groups a multi-method sweep's trials under one run per method
@@ -521,6 +556,53 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
         if label is not None:
             store.end(group, "FINISHED")
     return grids
+
+
+def _fit_one_tuner(spec, subs, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info):
+    parent = saved["parent_run_id"]
+    if not saved.get("one_tuner"):
+        saved["one_tuner"] = True  # --resume restores this layout: one Tuner in the run's folder
+        results.write_json(info_file, saved)
+    methods = {}
+    for label, sub in subs:
+        if label not in saved["groups"]:  # MLflow groups the trials under one run per method
+            saved["groups"][label] = store.start_group(parent, label)
+            results.write_json(info_file, saved)
+        methods[label] = (saved["groups"][label], [space_path(k) for k in sub.search.space])
+    configs = [c for _, sub in subs for c in grid_configs(sub)]
+    print(
+        "stabray: methods "
+        + ", ".join(f"{label} ({sub.search.n_trials})" for label, sub in subs)
+        + f": {len(configs)} trials, {spec.search.max_concurrent} at a time",
+        flush=True,
+    )
+    if resume and results.exists(f"{run}/tuner.pkl"):
+        tuner = make_tuner(spec, results, run, None, resume=True)
+    else:
+        cb = MLflowTuneCallback(uri, experiment, parent, methods=methods)
+        console = (
+            None
+            if verbose
+            else SweepConsole(spec.name, len(configs), spec.train.epochs, namer=cb.name_of, stopped_by=cb.stopped_by)
+        )
+        tuner = make_tuner(
+            spec,
+            results,
+            run,
+            cb,
+            resume=False,
+            console=console,
+            verbose=verbose,
+            param_space={BUNDLE: tune.grid_search(configs)},
+        )
+    with stop.in_fit():
+        grid = tuner.fit()
+    if stop.signal is not None or grid.num_terminated + grid.num_errors < len(configs):
+        info["complete"] = False  # interrupted: --resume continues
+    else:
+        for group, _ in methods.values():
+            store.end(group, "FINISHED")
+    return [grid]
 
 
 def run_configs(
