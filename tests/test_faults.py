@@ -75,18 +75,8 @@ def env(tmp_path):
     return e
 
 
-@pytest.mark.parametrize(
-    "sig",
-    [signal.SIGINT, signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
-    ids=["SIGINT", "SIGKILL", "SIGTERM"],
-)
-def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
-    """SIGINT goes to the whole process group, as Ctrl-C does; SIGTERM to the driver alone, as
-    `kill` does. Both end the sweep gracefully: exit 130, the exact --resume command printed, the
-    parent and the running trials KILLED in MLflow (none left RUNNING, none FINISHED early)."""
-    spec = spec_file(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [
+def sweep_cmd(spec: Path, uri: str, tmp_path: Path) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "stabray",
@@ -97,18 +87,35 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
         "--storage",
         str(tmp_path / "runs"),
     ]
+
+
+def start_until_checkpoint(cmd: list[str], tmp_path: Path) -> subprocess.Popen:
+    """The sweep in its own process group (output in sweep.log), once a trial has checkpointed."""
     log = open(tmp_path / "sweep.log", "w")
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     deadline = time.time() + 240
-    while time.time() < deadline:  # wait until a trial has checkpointed at least once
+    while time.time() < deadline:
         if list((tmp_path / "runs").glob("ft-*/trial_*/checkpoint_*")):
-            break
+            return proc
         time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail(f"no checkpoint appeared; sweep output:\n{(tmp_path / 'sweep.log').read_text()[-3000:]}")
+    proc.kill()
+    pytest.fail(f"no checkpoint appeared; sweep output:\n{(tmp_path / 'sweep.log').read_text()[-3000:]}")
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGINT, signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+    ids=["SIGINT", "SIGKILL", "SIGTERM"],
+)
+def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
+    """SIGINT goes to the whole process group, as Ctrl-C does; SIGTERM to the driver alone, as
+    `kill` does. Both end the sweep gracefully: exit 130, the exact --resume command printed, the
+    parent and the running trials KILLED in MLflow (none left RUNNING, none FINISHED early)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = sweep_cmd(spec_file(tmp_path), uri, tmp_path)
+    proc = start_until_checkpoint(cmd, tmp_path)
     if sig == signal.SIGTERM:
         os.kill(proc.pid, sig)
     else:
@@ -155,24 +162,8 @@ def test_grid_methods_in_one_tuner_resume_to_exactly_n_trials(tmp_path):
         },
     )
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [
-        sys.executable,
-        "-m",
-        "stabray",
-        "sweep",
-        str(spec),
-        "--tracking-uri",
-        uri,
-        "--storage",
-        str(tmp_path / "runs"),
-    ]
-    log = open(tmp_path / "sweep.log", "w")
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    deadline = time.time() + 240
-    while time.time() < deadline and not list((tmp_path / "runs").glob("ft-*/trial_*/checkpoint_*")):
-        time.sleep(0.5)
+    cmd = sweep_cmd(spec, uri, tmp_path)
+    proc = start_until_checkpoint(cmd, tmp_path)
     os.killpg(proc.pid, signal.SIGINT)
     rc = proc.wait(timeout=120)
     out = (tmp_path / "sweep.log").read_text()
