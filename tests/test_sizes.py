@@ -69,6 +69,8 @@ def test_single_size_splits_and_cache_keys_unchanged():
     assert draw(task, "test", 1, 0, 4)[0].question == task.sample(rng, 4).question
     assert set(task.describe()) == {"task", "version", "n_nodes", "p", "decimals"}
     assert set(get_task("lego_cyclic").describe()) == {"task", "version", "n_vars"}
+    assert set(get_task("lego_symmetry").describe()) == {"task", "version", "n_vars"}  # S5 keeps its keys
+    assert get_task("lego_symmetry", degree=3).describe()["degree"] == 3
 
 
 def test_explicit_long_sizes_name_the_splits():

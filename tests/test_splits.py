@@ -83,6 +83,10 @@ def test_other_length_on_request():
         ("mst_prim", {"p": 0.0}, "p"),
         ("lego_cyclic", {"n_vars": 1}, "n_vars"),
         ("lego_symmetry", {"n_vars": 26}, "n_vars"),
+        ("lego_symmetry", {"degree": 2}, "degree"),
+        ("lego_symmetry", {"degree": 10}, "degree"),
+        ("lego_symmetry", {"degree": "3"}, "degree"),
+        ("lego_cyclic", {"degree": 3}, "degree"),
         ("dijkstra", {"n_node": 10}, "n_node"),
     ],
 )

@@ -17,6 +17,9 @@ Groups:
   5 digits with no spaces (`31452` maps 1->3, 2->1, 3->4, 4->5, 5->2), so each value is one token;
   using 1..5 rather than 0..4 avoids leading zeros. The root is a uniform permutation and an
   operation `y = 21453 * x` composes a uniform permutation s after x: y(i) = s(x(i)).
+  `degree: d` (lego_symmetry only, 3..9, default 5) draws from S_d instead: `degree: 3` is S3, the
+  smallest non-abelian group (6 elements, `231 * x`), a laptop-scale variant whose composition table
+  (36 entries) is the size of Z6's, where S5's has 14,400.
 
 Named states (`named_states: true`, a laptop-scale variant): every state entry is written
 `name value` (`[f 3 i n s n]`), so each slot carries its variable's name; the content is the same.
@@ -45,6 +48,7 @@ from stabray.tasks.base import TASKS, Example, Task
 NAMES = tuple(c for c in string.ascii_lowercase if c != "n")  # "n" marks an unknown value
 UNKNOWN = "n"
 PERMS = [tuple(p) for p in itertools.permutations(range(1, 6))]  # S5 in lexicographic order
+DEGREES = range(3, 10)  # S_d with one digit per entry of the one-line notation
 
 
 def fmt_perm(p: tuple[int, ...]) -> str:
@@ -68,6 +72,11 @@ class LegoParams:
 
 
 TRACES = ("state", "delta")
+
+
+@dataclass(frozen=True)
+class LegoSymmetryParams(LegoParams):
+    degree: int = 5  # values are permutations of 1..degree (the paper: S5; laptop scale: S3)
 
 
 class LegoTask(Task):
@@ -206,11 +215,23 @@ class LegoSymmetry(LegoTask):
         [n n 51234], [n 43251 51234] | [35241 43251 51234]
     """
 
+    Params = LegoSymmetryParams
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        d = self.params.degree
+        if isinstance(d, bool) or not isinstance(d, int) or d not in DEGREES:
+            raise UserError(
+                f"task {self.name!r}: degree must be an integer in {DEGREES[0]}..{DEGREES[-1]} "
+                f"(permutations of 1..degree, one digit per entry), got {d!r}"
+            )
+        self.perms = PERMS if d == 5 else [tuple(p) for p in itertools.permutations(range(1, d + 1))]
+
     def random_value(self, rng):
-        return PERMS[rng.randint(len(PERMS))]
+        return self.perms[rng.randint(len(self.perms))]
 
     def random_op(self, rng):
-        return PERMS[rng.randint(len(PERMS))]
+        return self.perms[rng.randint(len(self.perms))]
 
     def apply(self, op, x):
         return compose(op, x)
@@ -220,3 +241,9 @@ class LegoSymmetry(LegoTask):
 
     def fmt_clause(self, y, op, x) -> str:
         return f"{y} = {fmt_perm(op)} * {x}"
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if d.get("degree") == 5:  # S5 keeps its dataset cache keys
+            d.pop("degree", None)
+        return d
