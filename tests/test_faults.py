@@ -293,6 +293,44 @@ def test_runs_found_through_mlflow_server_rest_api(tmp_path):
         server.wait(timeout=30)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_ui_stopped_by_a_signal_stops_every_server_process(tmp_path, sig):
+    """`stabray ui` in the foreground, then SIGTERM (a process manager) or SIGINT (Ctrl-C) to it alone:
+    it exits 0 and takes down every process the MLflow server started (uvicorn, the job workers), and
+    the port stops answering. Before, it died at once and left them serving."""
+    import psutil
+
+    port = free_port()
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "stabray", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/ui.db", "--port", str(port)],
+        cwd=tmp_path,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    children = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert url in ui.stdout.readline()
+        children = psutil.Process(ui.pid).children(recursive=True)
+        assert len(children) >= 2, [c.cmdline() for c in children]  # the server and what it runs
+        ui.send_signal(sig)
+        assert ui.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [c.cmdline() for c in alive]
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=2)
+    finally:
+        for p in [*children, psutil.Process(ui.pid) if ui.poll() is None else None]:
+            if p is not None:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+
+
 def test_multinode_fake_gpus_spread_and_survive_lost_node(tmp_path, monkeypatch):
     """ray.cluster_utils.Cluster: a CPU-less head and two nodes with 2 fake GPUs each."""
     import threading

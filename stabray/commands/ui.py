@@ -4,7 +4,9 @@ dashboard on a sweep's study instead (`<run dir>/optuna.db`, beside the Ray resu
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +47,54 @@ def print_links(uri: str, url: str) -> None:
         print(f"  {name}: {link}", flush=True)
 
 
+@contextlib.contextmanager
+def served(cmd: list[str], no_wait: bool):
+    """Run a server (MLflow's, or optuna-dashboard) in a session of its own for the `with` block and stop
+    its whole process group when the block ends (the MLflow server runs uvicorn and job workers as
+    children; terminating only the process we started would leave them serving). Ctrl-C, SIGTERM and
+    SIGHUP to this process end the block as KeyboardInterrupt. With `no_wait`, a block that ends
+    normally leaves the server running (detached, `--no-wait`)."""
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread: leave the handlers alone
+            pass
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=sys.stderr)  # our stdout: the URL
+    try:
+        yield proc
+    except BaseException:
+        stop(proc)
+        raise
+    else:
+        if not no_wait:
+            stop(proc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the server's whole process group, then SIGKILL to what is left after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):  # the group is gone
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so an exited group reads as gone
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
 def optuna_study(target: str, storage: str) -> Path:
     """The optuna.db of a run directory, a path to one, or the newest under `storage`."""
     from stabray.errors import UserError
@@ -73,23 +123,20 @@ def run_optuna(args) -> int:
     check_port(args.host, port)
     launch = "import sys; from optuna_dashboard._cli import main; sys.exit(main())"
     cmd = [sys.executable, "-c", launch, f"sqlite:///{db.absolute()}", "--host", args.host, "--port", str(port)]
-    proc = subprocess.Popen(cmd + ["--quiet"], start_new_session=args.no_wait, stdout=sys.stderr)
     url = f"http://{args.host}:{port}"
-    for _ in range(120):
-        if proc.poll() is not None:
-            raise UserError(f"optuna-dashboard exited with code {proc.returncode} (is port {port} in use?)")
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except OSError:
-            time.sleep(0.5)
-    print(f"Optuna dashboard for {db}: {url}", flush=True)
-    if args.no_wait:
-        return 0
     try:
-        return proc.wait()
+        with served(cmd + ["--quiet"], args.no_wait) as proc:
+            for _ in range(120):
+                if proc.poll() is not None:
+                    raise UserError(f"optuna-dashboard exited with code {proc.returncode} (is port {port} in use?)")
+                try:
+                    urllib.request.urlopen(url, timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            print(f"Optuna dashboard for {db}: {url}", flush=True)
+            return 0 if args.no_wait else proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
         return 0
 
 
@@ -140,25 +187,21 @@ def run(args) -> int:
         "--workers",
         "1",
     ]
-    proc = subprocess.Popen(cmd, start_new_session=args.no_wait, stdout=sys.stderr)  # our stdout: the URL
     url = f"http://{args.host}:{args.port}"
-    for _ in range(120):
-        if proc.poll() is not None:
-            raise UserError(f"the MLflow UI on {uri} exited with code {proc.returncode} (its output is above)")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.terminate()
-        raise UserError(f"the MLflow UI on {uri} did not answer at {url} within 60 s")
-    print(f"MLflow UI for {uri}: {url}", flush=True)
-    print_links(uri, url)
-    if args.no_wait:
-        return 0
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
+        with served(cmd, args.no_wait) as proc:
+            for _ in range(120):
+                if proc.poll() is not None:
+                    raise UserError(f"the MLflow UI on {uri} exited with code {proc.returncode} (its output is above)")
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            else:
+                raise UserError(f"the MLflow UI on {uri} did not answer at {url} within 60 s")
+            print(f"MLflow UI for {uri}: {url}", flush=True)
+            print_links(uri, url)
+            return 0 if args.no_wait else proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP: the server's group is stopped
         return 0
