@@ -309,6 +309,9 @@ def test_ui_stopped_by_a_signal_stops_every_server_process(tmp_path, sig):
         stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        # as from a terminal: a shell that runs pytest in the background leaves SIGINT ignored, and an
+        # ignored SIGINT stays ignored in the child (Python raises KeyboardInterrupt only when it is not)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     children = []
     try:
