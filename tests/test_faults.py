@@ -236,17 +236,26 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_runs_found_through_mlflow_server_rest_api(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "stabray", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/srv.db", "--port", str(port)],
+def start_ui(tmp_path: Path, db: str, port: int) -> subprocess.Popen:
+    """`stabray ui` on sqlite `tmp_path/db` in a session of its own (stdout piped: its first line is the
+    URL), with SIGINT as a terminal has it: a shell that runs pytest in the background leaves SIGINT
+    ignored, and an ignored SIGINT stays ignored in the child (Python raises KeyboardInterrupt only
+    when it is not)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "stabray", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/{db}", "--port", str(port)],
         cwd=tmp_path,
         env=env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def test_runs_found_through_mlflow_server_rest_api(tmp_path):
+    port = free_port()
+    server = start_ui(tmp_path, "srv.db", port)
     try:
         from mlflow import MlflowClient
 
@@ -301,18 +310,7 @@ def test_ui_stopped_by_a_signal_stops_every_server_process(tmp_path, sig):
     import psutil
 
     port = free_port()
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "stabray", "ui", "--tracking-uri", f"sqlite:///{tmp_path}/ui.db", "--port", str(port)],
-        cwd=tmp_path,
-        env=env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        # as from a terminal: a shell that runs pytest in the background leaves SIGINT ignored, and an
-        # ignored SIGINT stays ignored in the child (Python raises KeyboardInterrupt only when it is not)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    ui = start_ui(tmp_path, "ui.db", port)
     children = []
     try:
         url = f"http://127.0.0.1:{port}"
