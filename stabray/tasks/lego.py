@@ -47,7 +47,6 @@ from stabray.tasks.base import TASKS, Example, Task
 
 NAMES = tuple(c for c in string.ascii_lowercase if c != "n")  # "n" marks an unknown value
 UNKNOWN = "n"
-PERMS = [tuple(p) for p in itertools.permutations(range(1, 6))]  # S5 in lexicographic order
 DEGREES = range(3, 10)  # S_d with one digit per entry of the one-line notation
 
 
@@ -225,7 +224,7 @@ class LegoSymmetry(LegoTask):
                 f"task {self.name!r}: degree must be an integer in {DEGREES[0]}..{DEGREES[-1]} "
                 f"(permutations of 1..degree, one digit per entry), got {d!r}"
             )
-        self.perms = PERMS if d == 5 else [tuple(p) for p in itertools.permutations(range(1, d + 1))]
+        self.perms = [tuple(p) for p in itertools.permutations(range(1, d + 1))]  # S_d, lexicographic order
 
     def random_value(self, rng):
         return self.perms[rng.randint(len(self.perms))]
