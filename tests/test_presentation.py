@@ -262,3 +262,37 @@ def test_ui_optuna_finds_the_study(tmp_path):
     assert optuna_study(str(new.parent), "unused") == new / "optuna.db"  # a multi-method run: its first method
     with pytest.raises(UserError, match="no Optuna study"):
         optuna_study(str(tmp_path / "nope"), "unused")
+
+
+def test_ui_waits_for_an_answer_and_names_a_server_that_never_gives_one():
+    """Both servers (MLflow's, optuna-dashboard) share this wait: a server that exits, or one that
+    never answers, is a UserError naming it, not a URL printed as if it served."""
+    import http.server
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from stabray.commands.ui import wait_until_answers
+    from stabray.errors import UserError
+
+    with socket.socket() as s:  # a port with nothing behind it
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    exits = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    exits.wait()
+    with pytest.raises(UserError, match=r"the test server exited with code 3"):
+        wait_until_answers(exits, f"http://127.0.0.1:{free}", "the test server")
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(UserError, match=rf"the test server did not answer at http://127.0.0.1:{free} within 1 s"):
+            wait_until_answers(silent, f"http://127.0.0.1:{free}", "the test server", timeout_s=1.0)
+        server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            wait_until_answers(silent, f"http://127.0.0.1:{server.server_port}", "the test server")  # returns
+        finally:
+            server.shutdown()
+    finally:
+        silent.kill()
+        silent.wait()

@@ -95,6 +95,23 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             time.sleep(0.1)
 
 
+def wait_until_answers(proc: subprocess.Popen, url: str, what: str, timeout_s: float = 60.0) -> None:
+    """Block until `url` answers an HTTP request; a UserError naming `what` if the server exits first
+    (its output is on stderr above) or has not answered within `timeout_s`."""
+    from stabray.errors import UserError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(f"{what} exited with code {proc.returncode} (its output is above)")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise UserError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
+
+
 def optuna_study(target: str, storage: str) -> Path:
     """The optuna.db of a run directory, a path to one, or the newest under `storage`."""
     from stabray.errors import UserError
@@ -116,7 +133,6 @@ def optuna_study(target: str, storage: str) -> Path:
 
 def run_optuna(args) -> int:
     """optuna-dashboard on the study, on --port (8080 unless given), bound to --host (this machine)."""
-    from stabray.errors import UserError
 
     db = optuna_study(args.optuna, args.storage)
     port = args.port if args.port != 5000 else 8080
@@ -126,14 +142,7 @@ def run_optuna(args) -> int:
     url = f"http://{args.host}:{port}"
     try:
         with served(cmd + ["--quiet"], args.no_wait) as proc:
-            for _ in range(120):
-                if proc.poll() is not None:
-                    raise UserError(f"optuna-dashboard exited with code {proc.returncode} (is port {port} in use?)")
-                try:
-                    urllib.request.urlopen(url, timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.5)
+            wait_until_answers(proc, url, f"optuna-dashboard on {db}")
             print(f"Optuna dashboard for {db}: {url}", flush=True)
             return 0 if args.no_wait else proc.wait()
     except KeyboardInterrupt:
@@ -159,7 +168,6 @@ def check_port(host: str, port: int) -> None:
 
 
 def run(args) -> int:
-    from stabray.errors import UserError
     from stabray.tracking import resolve_tracking_uri
     from stabray.tracking.store import check_store
 
@@ -190,16 +198,7 @@ def run(args) -> int:
     url = f"http://{args.host}:{args.port}"
     try:
         with served(cmd, args.no_wait) as proc:
-            for _ in range(120):
-                if proc.poll() is not None:
-                    raise UserError(f"the MLflow UI on {uri} exited with code {proc.returncode} (its output is above)")
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.5)
-            else:
-                raise UserError(f"the MLflow UI on {uri} did not answer at {url} within 60 s")
+            wait_until_answers(proc, url + "/health", f"the MLflow UI on {uri}")
             print(f"MLflow UI for {uri}: {url}", flush=True)
             print_links(uri, url)
             return 0 if args.no_wait else proc.wait()
