@@ -133,7 +133,6 @@ def optuna_study(target: str, storage: str) -> Path:
 
 def run_optuna(args) -> int:
     """optuna-dashboard on the study, on --port (8080 unless given), bound to --host (this machine)."""
-
     db = optuna_study(args.optuna, args.storage)
     port = args.port if args.port != 5000 else 8080
     check_port(args.host, port)
