@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = str(ROOT / "sweeps" / "_base.yaml")
@@ -47,12 +48,6 @@ def write(path: Path, content) -> None:
         path.write_text(yaml.safe_dump(content))
     else:
         path.write_text(content)
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # free once closed: nothing listens there
 
 
 # (id, argv, files of the case folder, or a callable(folder, fixtures), fragments of the message)
@@ -262,7 +257,7 @@ def setting(fixtures, tmp_path_factory):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    subst = {"{F}": str(fixtures), "{port}": str(closed_port()), "{busy}": str(busy.getsockname()[1])}
+    subst = {"{F}": str(fixtures), "{port}": str(free_port()), "{busy}": str(busy.getsockname()[1])}
     yield tmp_path_factory.mktemp("cases"), subst
     busy.close()
 
@@ -403,7 +398,7 @@ def stale_ray_file(tmp_path, monkeypatch):
     RAY_ADDRESS; and no running GCS processes seen (another Ray on this machine must not count)."""
     from ray._private import services
 
-    addr = f"127.0.0.1:{closed_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text(addr)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))

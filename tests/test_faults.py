@@ -6,7 +6,6 @@ survives a lost node; and runs are found through a real MLflow server's REST API
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_port
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 ROOT = SWEEPS.parent
@@ -228,12 +228,6 @@ def test_gpu_request_larger_than_cluster_fails_fast(tmp_path, monkeypatch, capsy
     )
     assert rc == 2
     assert "resources.gpu" in capsys.readouterr().err
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ui(tmp_path: Path, db: str, port: int) -> subprocess.Popen:

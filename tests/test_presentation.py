@@ -268,17 +268,16 @@ def test_ui_waits_for_an_answer_and_names_a_server_that_never_gives_one():
     """Both servers (MLflow's, optuna-dashboard) share this wait: a server that exits, or one that
     never answers, is a UserError naming it, not a URL printed as if it served."""
     import http.server
-    import socket
     import subprocess
     import sys
     import threading
 
+    from conftest import free_port
+
     from stabray.commands.ui import wait_until_answers
     from stabray.errors import UserError
 
-    with socket.socket() as s:  # a port with nothing behind it
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
+    free = free_port()  # nothing listens there once it is returned
     exits = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     exits.wait()
     with pytest.raises(UserError, match=r"the test server exited with code 3"):
