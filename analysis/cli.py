@@ -11,7 +11,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tracking-uri",
         default=None,
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or MLflow's default); "
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite at ./mlflow.db); "
         "use an absolute sqlite path, sqlite:////abs/mlflow.db",
     )
 

@@ -2,8 +2,8 @@
 
 stabray's own commands live in `stabray/commands/<name>.py`, each exposing `register(subparsers)`,
 which adds its parser and sets `func(args) -> int`. Packages add commands through the entry-point
-group `stabray.commands` (a `register(subparsers)` function each): `analysis` adds `report` and
-`icl-figures` this way, so stabray never imports the analysis layer above it.
+group `stabray.commands` (a `register(subparsers)` function each): `analysis` adds `report`,
+`icl-figures` and `reproduce` this way, so stabray never imports the analysis layer above it.
 
 Errors a user can fix (`UserError`: an unknown task, a misspelled key, an impossible value) print
 one line and exit with code 2, before any expensive work starts.
