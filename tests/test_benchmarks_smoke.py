@@ -203,18 +203,24 @@ def test_run_all_lists_every_benchmark():
     } <= set(mod.available())
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(3000)
 def test_run_all_smoke(tmp_path):
     """Every benchmark's --smoke in its own process, as `run_all.py --smoke` runs them (Ray sweeps
-    included: about 4 minutes on 2 quiet cores; more than the suite's 600-s limit on 2 cores shared
-    with two other jobs, hence its own limit). In the default suite: a benchmark broken outside
-    the in-process checks above (a spec it no longer fits, a figure it stopped writing) fails here."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "run_all.py"), "--smoke", "--quiet", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    included: about 4 minutes on 2 quiet cores, 25 on 2 cores shared with two training jobs; more
+    than the suite's 600-s limit, hence its own). The subprocess's limit comes first, so a hang fails
+    with the benchmarks' output. In the default suite: a benchmark broken outside the in-process
+    checks above (a spec it no longer fits, a figure it stopped writing) fails here."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / "run_all.py"), "--smoke", "--quiet", "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=2700,
+        )
+    except subprocess.TimeoutExpired as e:
+        summary = tmp_path / "summary.json"  # rewritten after each benchmark
+        done = [b["benchmark"] for b in json.loads(summary.read_text())["benchmarks"]] if summary.exists() else []
+        pytest.fail(f"run_all.py --smoke ran past {e.timeout} s; finished: {done}\n{e.stderr}")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]  # non-zero on a schema problem too
     summary = json.loads((tmp_path / "summary.json").read_text())
     check_figures(summary["figures"])
