@@ -208,7 +208,7 @@ def test_run_all_smoke(tmp_path):
     """Every benchmark's --smoke in its own process, as `run_all.py --smoke` runs them (Ray sweeps
     included: about 4 minutes on 2 quiet cores, 25 on 2 cores shared with two training jobs; more
     than the suite's 600-s limit, hence its own). The subprocess's limit comes first, so a hang fails
-    with the benchmarks' output. In the default suite: a benchmark broken outside the in-process
+    naming the benchmarks that finished. In the default suite: a benchmark broken outside the in-process
     checks above (a spec it no longer fits, a figure it stopped writing) fails here."""
     try:
         proc = subprocess.run(
