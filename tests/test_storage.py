@@ -188,7 +188,7 @@ def test_a_tracking_server_that_never_answers_is_unreachable_within_the_timeout(
     behind a proxy): a UserError naming the URI after REACH_TIMEOUT_S, not MLflow's minutes of retries."""
     import socket
 
-    from stabray.tracking.store import check_store
+    from stabray.tracking import check_store
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -167,8 +167,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def run(args) -> int:
-    from stabray.tracking import resolve_tracking_uri
-    from stabray.tracking.store import check_store
+    from stabray.tracking import check_store, resolve_tracking_uri
 
     if args.optuna is not None:
         return run_optuna(args)

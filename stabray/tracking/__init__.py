@@ -2,6 +2,7 @@
 
 from stabray.tracking.store import (
     Store,
+    check_store,
     checkpoint_dir_of,
     ended_status,
     experiment_links,
@@ -12,6 +13,7 @@ from stabray.tracking.store import (
 
 __all__ = [
     "Store",
+    "check_store",
     "checkpoint_dir_of",
     "ended_status",
     "experiment_links",

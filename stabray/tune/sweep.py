@@ -20,8 +20,7 @@ from stabray.errors import UserError
 from stabray.record import BUNDLE
 from stabray.spec import space_path
 from stabray.tasks import TASKS
-from stabray.tracking import Store, resolve_tracking_uri
-from stabray.tracking.store import check_store
+from stabray.tracking import Store, check_store, resolve_tracking_uri
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
 from stabray.tune.eaf_stop import EafStopper
