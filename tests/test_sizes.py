@@ -306,6 +306,31 @@ def test_calibration_profiles_build():
     assert d17.model.init_std == 0.1 and d17.task.params == {"decimals": 1, "train_sizes": [3, 4]}
 
 
+def test_readme_calibration_table_is_the_results_file():
+    """The README's calibration table is calibration_table.py's output on the committed results (a row
+    added to one and not the other fails), and its seed means agree with numpy on the same rows."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "scripts" / "calibration_results.jsonl"
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "calibration_table.py"), str(results)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out in (root / "README.md").read_text()
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    assert out.count("\n| ") >= len(rows)
+    l21 = [r for r in rows if r["profile"] == "L21_lab12_mix34_randpos512_s3_e320_h128"]
+    n5 = np.array([r["splits"]["test_n5"]["acc"] for r in l21])
+    line = next(x for x in out.splitlines() if x.startswith("| L21_lab12_mix34_randpos512_s3_e320_h128 |"))
+    assert f"{n5.mean():.3f} ± {n5.std(ddof=1):.3f} (0.580)" in line
+
+
 def _t_pvalue(t: float, dof: float) -> float:
     """Two-sided p of Student's t from its density, integrated numerically (independent of scipy)."""
     c = math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2))
