@@ -3,19 +3,28 @@ scripts/calibration_results.jsonl holds every row measured so far): one row per 
 mean ± std over seeds of every profile run with 3 or more seeds.
 
     python scripts/calibration_table.py scripts/calibration_results.jsonl [more.jsonl ...]
+    python scripts/calibration_table.py scripts/calibration_results.jsonl --readme README.md
+
+With --readme, the text between the README's `<!-- calibration-table: begin ...-->` and
+`<!-- calibration-table: end -->` lines is replaced by the table instead of printing it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
+BEGIN = "<!-- calibration-table: begin"
+END = "<!-- calibration-table: end -->"
 
 
 def compact(value) -> str:
@@ -36,12 +45,36 @@ def cell(split: dict | None) -> str:
     return "-" if split is None else f"{split['acc']:.3f} ({split['best_rule']:.3f})"
 
 
+def replace_block(text: str, table: str) -> str:
+    """`text` with the lines between the begin and end markers replaced by `table`."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"the README must hold exactly one '{BEGIN} ...-->' line and one '{END}' line")
+    head, rest = text.split(BEGIN, 1)
+    marker, _, after = rest.partition("\n")
+    _, tail = after.split(END, 1)
+    return f"{head}{BEGIN}{marker}\n{table.strip()}\n{END}{tail}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
+    ap.add_argument("--readme", type=Path, help="rewrite this file's calibration table in place")
     args = ap.parse_args()
+    if args.readme is None:
+        table(args.files)
+        return
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        table(args.files)
+    text = args.readme.read_text()
+    args.readme.write_text(replace_block(text, buf.getvalue()))
+    print(f"{args.readme}: calibration table rewritten ({buf.getvalue().count(chr(10))} lines)", file=sys.stderr)
+
+
+def table(files: list[str]) -> None:
+    """Print the per-trial table and the seed means of `files` (JSON lines)."""
     profiles = yaml.safe_load(PROFILES.read_text())["profiles"]
-    rows = [json.loads(line) for f in args.files for line in Path(f).read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
     print(
         "| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
         "| long sizes | +1 acc (rule) | +2 acc (rule) | cpu min | wall min | code |"

@@ -331,6 +331,32 @@ def test_readme_calibration_table_is_the_results_file():
     assert f"{n5.mean():.3f} ± {n5.std(ddof=1):.3f} (0.580)" in line
 
 
+def test_calibration_table_readme_option_rewrites_only_the_table(tmp_path):
+    """--readme puts calibration_table.py's output between the markers: a README whose table was edited
+    by hand comes back byte for byte as committed, and the text around the markers is untouched."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    first = next(x for x in readme.splitlines() if x.startswith("| 1 | d00_default_n4 |"))
+    edited = tmp_path / "README.md"
+    edited.write_text(readme.replace(first, "| 1 | d00_default_n4 | hand-edited |"))
+    assert edited.read_text() != readme
+    cmd = [sys.executable, str(root / "scripts" / "calibration_table.py")]
+    subprocess.run([*cmd, str(root / "scripts" / "calibration_results.jsonl"), "--readme", str(edited)], check=True)
+    assert edited.read_text() == readme
+    edited.write_text("no markers here\n")
+    bad = subprocess.run(
+        [*cmd, str(root / "scripts" / "calibration_results.jsonl"), "--readme", str(edited)],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "calibration-table: begin" in bad.stderr
+    assert edited.read_text() == "no markers here\n"
+
+
 def _t_pvalue(t: float, dof: float) -> float:
     """Two-sided p of Student's t from its density, integrated numerically (independent of scipy)."""
     c = math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2))
