@@ -12,8 +12,6 @@ With --readme, the text between the README's `<!-- calibration-table: begin ...-
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import statistics
 import sys
@@ -60,26 +58,25 @@ def main() -> None:
     ap.add_argument("files", nargs="+")
     ap.add_argument("--readme", type=Path, help="rewrite this file's calibration table in place")
     args = ap.parse_args()
+    out = table(args.files)
     if args.readme is None:
-        table(args.files)
+        print(out, end="")
         return
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        table(args.files)
-    text = args.readme.read_text()
-    args.readme.write_text(replace_block(text, buf.getvalue()))
-    print(f"{args.readme}: calibration table rewritten ({buf.getvalue().count(chr(10))} lines)", file=sys.stderr)
+    args.readme.write_text(replace_block(args.readme.read_text(), out))
+    print(f"{args.readme}: calibration table rewritten ({out.count(chr(10))} lines)", file=sys.stderr)
 
 
-def table(files: list[str]) -> None:
-    """Print the per-trial table and the seed means of `files` (JSON lines)."""
+def table(files: list[str]) -> str:
+    """The per-trial table and the seed means of `files` (JSON lines), as Markdown."""
+    lines: list[str] = []
+    emit = lines.append
     profiles = yaml.safe_load(PROFILES.read_text())["profiles"]
     rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
-    print(
+    emit(
         "| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
         "| long sizes | +1 acc (rule) | +2 acc (rule) | cpu min | wall min | code |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    emit("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     by_profile = defaultdict(list)
     for i, r in enumerate(rows, 1):
         splits = r["splits"]
@@ -87,16 +84,16 @@ def table(files: list[str]) -> None:
         train = ",".join(map(str, splits["test"]["sizes"]))
         long_sizes = ",".join(str(splits[s]["sizes"][0]) for s in longs)
         cpu = f"{r['cpu_min']:.2f}" if r.get("cpu_min") else "-"
-        print(
+        emit(
             f"| {i} | {r['profile']} | {r['seed']} | {r['task']} | {settings(r['profile'], profiles)} | {train} | "
             f"{cell(splits['test'])} | {long_sizes} | {cell(splits.get(longs[0]))} | "
             f"{cell(splits.get(longs[1]) if len(longs) > 1 else None)} | {cpu} | {r['wall_min']:.2f} | "
             f"{r['source']} |"
         )
         by_profile[r["profile"]].append(r)
-    print("\nSeed means (profiles run with >= 3 seeds; mean ± sample std over seeds, the rule in brackets):\n")
-    print("| profile | seeds | in-dist | +1 | +2 | cpu min |")
-    print("|---|---|---|---|---|---|")
+    emit("\nSeed means (profiles run with >= 3 seeds; mean ± sample std over seeds, the rule in brackets):\n")
+    emit("| profile | seeds | in-dist | +1 | +2 | cpu min |")
+    emit("|---|---|---|---|---|---|")
     for name, rs in by_profile.items():
         if len(rs) < 3:
             continue
@@ -108,7 +105,8 @@ def table(files: list[str]) -> None:
         cpus = [r["cpu_min"] for r in rs if r.get("cpu_min")]
         cpu = f"{statistics.mean(cpus):.2f}" if cpus else "-"
         seeds = ",".join(str(s) for s in sorted(r["seed"] for r in rs))
-        print(f"| {name} | {seeds} | {cols[0]} | {cols[1]} | {cols[2]} | {cpu} |")
+        emit(f"| {name} | {seeds} | {cols[0]} | {cols[1]} | {cols[2]} | {cpu} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
