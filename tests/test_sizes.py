@@ -84,6 +84,67 @@ def test_explicit_long_sizes_name_the_splits():
         task.long_splits(["test_long"])
 
 
+def test_train_size_weights_skew_the_training_split_only():
+    """[1, 3] over sizes [3, 4]: three in four training graphs at 4 nodes (binomial check), while the
+    evaluation splits are the very examples the unweighted task draws; the training split against an
+    independent redraw with numpy's weighted choice; the weights enter the cache key."""
+    plain = get_task("dijkstra", decimals=1, train_sizes=[3, 4], long_sizes=[5])
+    task = get_task("dijkstra", decimals=1, train_sizes=[3, 4], train_size_weights=[1, 3], long_sizes=[5])
+    assert task.train_size_probs == (0.25, 0.75) and plain.train_size_probs is None
+    sizes = {"train": 800, "val": 60, "test": 60}
+    got, base = make_splits(task, sizes, seed=3), make_splits(plain, sizes, seed=3)
+    n4 = sum(e.meta["n"] == 4 for e in got["train"])
+    assert abs(n4 - 600) < 4 * np.sqrt(800 * 0.75 * 0.25), n4
+    for split in ("val", "test", "test_n5"):
+        assert [e.question for e in got[split]] == [e.question for e in base[split]]
+    exclude = {e.question for s in ("val", "test", "test_n5") for e in got[s]}
+    rng = np.random.RandomState(split_seed(3, "train", (3, 4)))
+    want, seen = [], set()
+    while len(want) < 800:
+        ex = task.sample(rng, (3, 4)[rng.choice(2, p=[0.25, 0.75])])
+        if ex.question not in seen and ex.question not in exclude:
+            seen.add(ex.question)
+            want.append(ex)
+    assert [e.question for e in got["train"]] == [e.question for e in want]
+    assert task.describe()["train_size_weights"] == [1.0, 3.0] and "train_size_weights" not in plain.describe()
+
+
+def test_fresh_training_splits_follow_the_weights(tmp_path, cache_dir):
+    """task.resample_train draws every epoch's new split with the same weights."""
+    from stabray.train import make_run
+
+    text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_weights: [1, 9],")
+    text = text.replace("train_size: 32", "train_size: 200\n  resample_train: true")
+    spec, _ = load_spec(str(write_spec(tmp_path, text)))
+    run = make_run({**spec.trial_base(), "cache_dir": cache_dir})
+    fresh = run.fresh_train(1)
+    assert fresh != run.data["train"] and len(fresh) == 200
+    n4 = sum(e.meta["n"] == 4 for e in fresh)
+    assert abs(n4 - 180) < 4 * np.sqrt(200 * 0.9 * 0.1), n4
+
+
+@pytest.mark.parametrize(
+    "params, problem",
+    [
+        ({"train_size_weights": [1, 2]}, "needs train_sizes"),
+        ({"train_sizes": [3, 4], "train_size_weights": [1]}, "2 positive numbers"),
+        ({"train_sizes": [3, 4], "train_size_weights": [1, 0]}, "2 positive numbers"),
+        ({"train_sizes": [3, 4], "train_size_weights": [1, "x"]}, "2 positive numbers"),
+        ({"train_sizes": [3, 4], "train_size_weights": [1, float("nan")]}, "2 positive numbers"),
+        ({"train_sizes": [4, 3], "train_size_weights": [1, 2]}, "ascending order"),
+    ],
+)
+def test_bad_train_size_weights(params, problem):
+    with pytest.raises(UserError, match=problem):
+        get_task("dijkstra", decimals=1, **params)
+
+
+def test_spec_validator_names_bad_train_size_weights(tmp_path):
+    bad = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_weights: [1, -1],")
+    with pytest.raises(SpecError, match="train_size_weights"):
+        load_spec(str(write_spec(tmp_path, bad)))
+
+
 @pytest.mark.parametrize(
     "params, problem",
     [

@@ -2,7 +2,8 @@
 
 Each split draws from its own RandomState seeded by (seed, split, sizes), so adding a split or
 changing one split's size leaves the others unchanged. A split drawn at a mix of sizes (a task's
-`train_sizes`) draws each example's size uniformly from the mix with that same RandomState.
+`train_sizes`) draws each example's size uniformly from the mix with that same RandomState (the
+training split with the task's `train_size_weights` when it has them).
 Evaluation splits are drawn first; training examples whose question already appears in any
 evaluation split are redrawn.
 """
@@ -34,14 +35,18 @@ def draw(
     size: int | tuple[int, ...],
     exclude: set[str] = frozenset(),
     max_tries_factor: int = 50,
+    probs: tuple[float, ...] | None = None,
 ) -> list[Example]:
     """n examples with distinct questions, none in `exclude`. `size` is one size, or a tuple of
-    sizes to mix (each example's size drawn uniformly; a 1-tuple is the same as its size)."""
+    sizes to mix (each example's size drawn uniformly, or with probabilities `probs`, one per size;
+    a 1-tuple is the same as its size)."""
     if not isinstance(n, (int, np.integer)) or n <= 0:
         raise UserError(f"split {split!r}: the number of examples must be a positive integer, got {n!r}")
     sizes = tuple(size) if isinstance(size, (tuple, list)) else (size,)
     for s in sizes:
         task.check_size(s)
+    if probs is not None and len(probs) != len(sizes):
+        raise ValueError(f"draw: {len(probs)} probabilities for {len(sizes)} sizes")
     size = sizes[0] if len(sizes) == 1 else sizes  # a single size keeps its seed (and its examples)
     rng = np.random.RandomState(split_seed(seed, split, size))
     seen: set[str] = set()
@@ -55,7 +60,13 @@ def draw(
                     f"task {task.name!r} at {task.size_field}={size}: only {len(out)} distinct questions found "
                     f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs"
                 )
-            ex = task.sample(rng, sizes[rng.randint(len(sizes))] if len(sizes) > 1 else sizes[0])
+            if len(sizes) == 1:
+                pick = sizes[0]
+            elif probs is None:
+                pick = sizes[rng.randint(len(sizes))]
+            else:
+                pick = sizes[rng.choice(len(sizes), p=probs)]
+            ex = task.sample(rng, pick)
             if ex.question in seen or ex.question in exclude:
                 continue
             seen.add(ex.question)
@@ -94,5 +105,7 @@ def make_splits(
         out[split] = draw(task, split, n, seed, split_size_of(task, split))
         eval_questions.update(e.question for e in out[split])
     if "train" in splits:
-        out["train"] = draw(task, "train", sizes["train"], seed, task.in_dist_sizes, exclude=eval_questions)
+        out["train"] = draw(
+            task, "train", sizes["train"], seed, task.in_dist_sizes, exclude=eval_questions, probs=task.train_size_probs
+        )
     return {s: out[s] for s in splits}

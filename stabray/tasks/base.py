@@ -76,7 +76,7 @@ def extract_final(generated: str) -> str:
 
 
 # Task parameters every task accepts besides its generator's Params (Task.__init__).
-SIZE_OPTIONS = ("train_sizes", "long_sizes")
+SIZE_OPTIONS = ("train_sizes", "train_size_weights", "long_sizes")
 
 
 def sized_split(size: int) -> str:
@@ -103,13 +103,18 @@ class Task:
         self,
         train_sizes: list[int] | tuple[int, ...] | None = None,
         long_sizes: list[int] | tuple[int, ...] | None = None,
+        train_size_weights: list[float] | tuple[float, ...] | None = None,
         **params: Any,
     ):
         """`params`: the generator's Params. `train_sizes` (optional): the training, validation and
         test splits mix these sizes, each example's size drawn uniformly; the task's `size` is then
-        their maximum and the size parameter is not used. `long_sizes` (optional): evaluate at these
-        explicit sizes (splits `test_n<k>`, metrics `test_acc_n<k>`) instead of 10% and 20% above
-        `size` (splits `test_long`, `test_longer`)."""
+        their maximum and the size parameter is not used. `train_size_weights` (optional, with
+        `train_sizes` only): one positive weight per training size, in ascending size order; the
+        *training* split draws each example's size with these relative weights (e.g. [1, 3] with
+        sizes [3, 4]: three in four examples at 4 nodes), while validation and test stay uniform over
+        `train_sizes`, so in-distribution accuracy means the same thing under any weighting.
+        `long_sizes` (optional): evaluate at these explicit sizes (splits `test_n<k>`, metrics
+        `test_acc_n<k>`) instead of 10% and 20% above `size` (splits `test_long`, `test_longer`)."""
         names = {f.name for f in dataclasses.fields(self.Params)}
         for key in params:
             if key not in names:
@@ -118,6 +123,7 @@ class Task:
         self.params = self.Params(**params)
         self.train_sizes = self._size_list("train_sizes", train_sizes)
         self.explicit_long_sizes = self._size_list("long_sizes", long_sizes)
+        self.train_size_weights = self._weights(train_sizes, train_size_weights)
         if self.train_sizes is None:
             self.check_size(getattr(self.params, self.size_field))
         else:  # the size parameter is the largest training size: given, it must agree; else it is set
@@ -145,6 +151,34 @@ class Task:
         for s in sizes:
             self.check_size(s)
         return tuple(sorted(int(s) for s in sizes))
+
+    def _weights(self, sizes: Any, weights: Any) -> tuple[float, ...] | None:
+        if weights is None:
+            return None
+        if sizes is None:
+            raise UserError(f"task {self.name!r}: train_size_weights needs train_sizes (one weight per training size)")
+        if list(sizes) != sorted(sizes):
+            raise UserError(
+                f"task {self.name!r}: write train_sizes in ascending order when train_size_weights is set "
+                f"(the weights follow that order), got {list(sizes)}"
+            )
+        ok = isinstance(weights, (list, tuple)) and all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w > 0 for w in weights
+        )
+        if not ok or len(weights) != len(sizes):
+            raise UserError(
+                f"task {self.name!r}: train_size_weights must be {len(sizes)} positive numbers, one per size in "
+                f"train_sizes {list(sizes)}, got {weights!r}"
+            )
+        return tuple(float(w) for w in weights)
+
+    @property
+    def train_size_probs(self) -> tuple[float, ...] | None:
+        """The training split's probability of each of `in_dist_sizes` (None: uniform)."""
+        if self.train_size_weights is None:
+            return None
+        total = sum(self.train_size_weights)
+        return tuple(w / total for w in self.train_size_weights)
 
     @property
     def size(self) -> int:
@@ -212,6 +246,8 @@ class Task:
         d = {"task": self.name, "version": self.version, **dataclasses.asdict(self.params)}
         if self.train_sizes is not None:
             d["train_sizes"] = list(self.train_sizes)
+        if self.train_size_weights is not None:
+            d["train_size_weights"] = list(self.train_size_weights)
         if self.explicit_long_sizes is not None:
             d["long_sizes"] = list(self.explicit_long_sizes)
         return d

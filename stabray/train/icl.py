@@ -180,7 +180,7 @@ class ICLRun(Runner):
         self.p = self.task.params
         self.train_cfg = c.train
         self.T = self.p.T_max
-        for opt in ("train_sizes", "long_sizes"):
+        for opt in ("train_sizes", "train_size_weights", "long_sizes"):
             if opt in c.task.params:
                 raise UserError(f"task {c.task.name!r}: {opt} is not supported by the in-context GD runner")
         longs = self.task.long_sizes()
