@@ -339,19 +339,24 @@ def test_report_tables_at_explicit_sizes_with_floors():
     assert "table1_n5" in [t.name for t in all_tables(df, pl.DataFrame())]
 
 
-def test_calibration_profiles_build():
-    """Every profile of the README's calibration table that the code supports is a valid trial."""
+def load_calibrate():
     import importlib.util
     from pathlib import Path
-
-    import yaml
-
-    from stabray.config import parse_trial_config
 
     path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate.py"
     mod = importlib.util.spec_from_file_location("calibrate", path)
     calibrate = importlib.util.module_from_spec(mod)
     mod.loader.exec_module(calibrate)
+    return calibrate
+
+
+def test_calibration_profiles_build():
+    """Every profile of the README's calibration table that the code supports is a valid trial."""
+    import yaml
+
+    from stabray.config import parse_trial_config
+
+    calibrate = load_calibrate()
     profiles = yaml.safe_load(calibrate.PROFILES.read_text())
     built = 0
     for name, entry in profiles["profiles"].items():
@@ -365,6 +370,32 @@ def test_calibration_profiles_build():
     assert built >= 30
     d17 = parse_trial_config(calibrate.profile_config("d17_mix34_init1", profiles))
     assert d17.model.init_std == 0.1 and d17.task.params == {"decimals": 1, "train_sizes": [3, 4]}
+
+
+def test_lengthgen_sweep_trains_what_its_calibration_profile_trained():
+    """sweeps/dijkstra_lengthgen.yaml is profile L28 as a sweep: the same examples (task and its
+    cache key, split sizes), model, method and training; only what is measured differs (the EAF and
+    the end-of-trial analyses are on in the sweep, off in calibration)."""
+    import yaml
+
+    from stabray.config import parse_trial_config
+
+    calibrate = load_calibrate()
+    profiles = yaml.safe_load(calibrate.PROFILES.read_text())
+    prof = parse_trial_config(calibrate.profile_config("L28_lab12_mix34w13_randpos512_s3_e160_h128", profiles))
+    spec, _ = load_spec("dijkstra_lengthgen")
+    sweep = parse_trial_config(spec.trial_base())
+    assert (
+        get_task(sweep.task.name, **sweep.task.params).describe()
+        == get_task(prof.task.name, **prof.task.params).describe()
+    )
+    task_fields = {k: v for k, v in sweep.task.model_dump().items() if k != "params"}
+    assert task_fields == {k: v for k, v in prof.task.model_dump().items() if k != "params"}
+    for section in ("model", "method", "train"):
+        assert getattr(sweep, section) == getattr(prof, section), section
+    assert sweep.eval.val_examples in (0, prof.eval.val_examples) and sweep.eval.eaf_examples > 0
+    assert spec.search.space["seed"].choice == [0, 1, 2] and spec.search.n_trials == 3
+    assert (spec.search.searcher, spec.search.scheduler) == ("grid", "fifo")  # every seed runs every epoch
 
 
 def test_readme_calibration_table_is_the_results_file():
