@@ -45,6 +45,7 @@ from stabray.errors import UserError
 from stabray.models.icl import build_icl_model
 from stabray.stability.jacobian import eaf_from_norms, rho_matrix
 from stabray.tasks import get_task
+from stabray.tasks.base import SIZE_OPTIONS
 from stabray.train.loop import lr_schedule
 from stabray.train.runner import CONFIG, RUNNERS, Runner, StabilityOptions, StabilityTable, read_state, save_state
 
@@ -180,7 +181,7 @@ class ICLRun(Runner):
         self.p = self.task.params
         self.train_cfg = c.train
         self.T = self.p.T_max
-        for opt in ("train_sizes", "train_size_weights", "long_sizes"):
+        for opt in SIZE_OPTIONS:
             if opt in c.task.params:
                 raise UserError(f"task {c.task.name!r}: {opt} is not supported by the in-context GD runner")
         longs = self.task.long_sizes()
