@@ -6,6 +6,7 @@ calibration table).
 
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --seed 1
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --set train.epochs=20 --label d17_e20
+    PYTHONPATH=. python scripts/calibrate.py L28_lab12_mix34w13_randpos512_s3_e160_h128 --track-every 10
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from collections import defaultdict
 from pathlib import Path
 
 import yaml
+
+
+def split_accuracy(run, split: str) -> float:
+    """Exact-match accuracy of the final answer on a whole split (greedy decoding, as split_report)."""
+    from stabray.tasks.base import extract_final
+
+    exs = run.data[split]
+    res = run.evaluate(split)
+    return sum(run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, res.predictions)) / len(exs)
 
 
 def split_report(run, split: str) -> dict:
@@ -142,12 +152,22 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="dataset cache (default: $STABRAY_CACHE)")
     ap.add_argument("--out", default="calibration.jsonl")
     ap.add_argument(
+        "--track-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every N epochs and after the last, also score the test split and every longer split (a "
+        "learning curve per size in each epoch's `track`; it reads the model and does not change the training)",
+    )
+    ap.add_argument(
         "--eval-strides",
         default="",
         metavar="K,K,...",
         help="model.positions: random only: also score every split at these evaluation strides (same trained model)",
     )
     args = ap.parse_args()
+    if args.track_every < 0:
+        raise SystemExit(f"--track-every must be >= 0 (0 = off), got {args.track_every}")
 
     import torch
 
@@ -177,6 +197,9 @@ def main() -> None:
             f"tok/s {m['tokens_per_s']:.0f} t={time.perf_counter() - t0:.0f}s",
             flush=True,
         )
+        if args.track_every and (m["epoch"] % args.track_every == 0 or run.done):
+            epochs[-1]["track"] = {s: round(split_accuracy(run, s), 4) for s in ("test", *run.long_splits)}
+            print("    track: " + " ".join(f"{s} {a:.3f}" for s, a in epochs[-1]["track"].items()), flush=True)
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
     strides = {}
     if args.eval_strides:

@@ -4,6 +4,7 @@ validator, and the trivial-rule floors every trial logs beside its accuracies.""
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 
 import numpy as np
@@ -494,3 +495,46 @@ def test_method_tests_table():
             assert row[f"{metric} Δ"] == f"{100 * (np.mean(ref) - np.mean(other)):+.1f}"
             p = welch(ref, other)[2]
             assert row[f"{metric} p"] == ("<0.001" if p < 0.0005 else f"{p:.3f}")
+
+
+def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(tmp_path):
+    """--track-every scores the test split and each longer split during training. The curve's last
+    point is the final evaluation's accuracy, and the training it watched is the untracked run's,
+    epoch for epoch (the same losses and validation accuracies, the same final accuracies)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    tiny = [
+        f"--set={kv}"
+        for kv in (
+            "train.epochs=3",
+            "task.train_size=24",
+            "task.val_size=8",
+            "task.test_size=12",
+            "eval.val_examples=8",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+        )
+    ]
+    cmd = [sys.executable, str(root / "scripts" / "calibrate.py"), "L28_lab12_mix34w13_randpos512_s3_e160_h128", *tiny]
+    env = {**os.environ, "PYTHONPATH": str(root), "STABRAY_CACHE": str(tmp_path / "cache")}
+    rows = []
+    for extra, out in (([], "plain.jsonl"), (["--track-every", "2"], "tracked.jsonl")):
+        subprocess.run([*cmd, *extra, "--out", str(tmp_path / out)], check=True, env=env, capture_output=True)
+        rows.append(json.loads((tmp_path / out).read_text()))
+    plain, tracked = rows
+    assert [e.get("track") is not None for e in tracked["epochs"]] == [False, True, True]  # epoch 2, and the last
+    assert not any("track" in e for e in plain["epochs"])
+    strip = [
+        {k: v for k, v in e.items() if k not in ("track",) and not k.endswith(("time_s", "_per_s"))}
+        for e in tracked["epochs"]
+    ]
+    assert strip == [{k: v for k, v in e.items() if not k.endswith(("time_s", "_per_s"))} for e in plain["epochs"]]
+    assert set(tracked["epochs"][-1]["track"]) == {"test", "test_n5", "test_n6"} == set(tracked["final"])
+    for s, acc in tracked["epochs"][-1]["track"].items():
+        assert acc == round(tracked["final"][s]["acc"], 4) == round(plain["final"][s]["acc"], 4)
+    bad = subprocess.run([*cmd, "--track-every", "-1"], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "--track-every must be >= 0" in bad.stderr
