@@ -22,21 +22,22 @@ from pathlib import Path
 import yaml
 
 
-def split_accuracy(run, split: str) -> float:
-    """Exact-match accuracy of the final answer on a whole split (greedy decoding, as split_report)."""
+def graded(run, split: str) -> tuple[list, list[str], list[bool]]:
+    """A whole split's examples, the model's greedy answers, and whether each final answer is exact."""
     from stabray.tasks.base import extract_final
 
     exs = run.data[split]
-    res = run.evaluate(split)
-    return sum(run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, res.predictions)) / len(exs)
+    preds = run.evaluate(split).predictions
+    return exs, preds, [run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, preds)]
+
+
+def split_accuracy(run, split: str) -> float:
+    ok = graded(run, split)[2]
+    return sum(ok) / len(ok)
 
 
 def split_report(run, split: str) -> dict:
-    from stabray.tasks.base import extract_final
-
-    exs = run.data[split]
-    res = run.evaluate(split)
-    ok = [run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, res.predictions)]
+    exs, preds, ok = graded(run, split)
     rules = run.task.baseline_accuracy(exs)
     best = max(rules.items(), key=lambda kv: kv[1]) if rules else ("none", 0.0)
     by = defaultdict(list)
@@ -66,9 +67,9 @@ def split_report(run, split: str) -> dict:
         "rules": rules,
         "by_size": by_size,
         "sizes": sorted({e.meta.get("n") for e in exs}),
-        "sample_pred": res.predictions[:2],
+        "sample_pred": preds[:2],
         "sample_gold": [e.answer for e in exs[:2]],
-        "wrong": [(p, e.answer) for e, p, o in zip(exs, res.predictions, ok) if not o][:4],  # (predicted, gold)
+        "wrong": [(p, e.answer) for e, p, o in zip(exs, preds, ok) if not o][:4],  # (predicted, gold)
     }
 
 
