@@ -27,6 +27,19 @@ class TaskCfg(Strict):
     data_seed: int = 0  # seed of the dataset (independent of the trial's training seed)
     resample_train: bool = False  # draw a fresh training split of train_size every epoch (no memorizing)
 
+    @model_validator(mode="after")
+    def _schedule_needs_resampling(self):
+        """A size curriculum (params.train_size_schedule) that changes after epoch 0 draws a new
+        training split at each change, which only a resampled training split does."""
+        schedule = self.params.get("train_size_schedule")
+        later = isinstance(schedule, dict) and any(str(k) != "0" for k in schedule)
+        if later and not self.resample_train:
+            raise ValueError(
+                "params.train_size_schedule changes the training sizes after epoch 0, which needs "
+                "resample_train: true (a fresh training split every epoch)"
+            )
+        return self
+
 
 class LoraCfg(Strict):
     rank: int = Field(16, gt=0)

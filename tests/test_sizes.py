@@ -124,6 +124,58 @@ def test_fresh_training_splits_follow_the_weights(tmp_path, cache_dir):
     assert abs(n4 - 180) < 4 * np.sqrt(200 * 0.9 * 0.1), n4
 
 
+def test_train_size_schedule_moves_the_training_sizes_between_epochs(tmp_path, cache_dir):
+    """{0: [9, 1], 2: [1, 9]}: the first training split and epoch 1's fresh one are nine in ten at 3
+    nodes, from epoch 2 on nine in ten at 4 (binomial checks on what the trainer is handed); the
+    evaluation splits are those of the unscheduled task; string keys (a JSON round trip) read the same."""
+    from stabray.train import make_run
+
+    text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [9, 1], 2: [1, 9]}},")
+    text = text.replace("train_size: 32", "train_size: 200\n  resample_train: true")
+    spec, _ = load_spec(str(write_spec(tmp_path, text)))
+    run = make_run({**spec.trial_base(), "cache_dir": cache_dir})
+    band = 4 * np.sqrt(200 * 0.9 * 0.1)
+    for epoch, want3 in ((0, 180), (1, 180), (2, 20), (5, 20)):
+        n3 = sum(e.meta["n"] == 3 for e in run.trainer._examples(epoch))
+        assert abs(n3 - want3) < band, (epoch, n3)
+    plain = make_run({**load_spec(str(write_spec(tmp_path)))[0].trial_base(), "cache_dir": cache_dir})
+    for split in ("val", "test", "test_n5"):
+        assert [e.question for e in run.data[split]] == [e.question for e in plain.data[split]]
+    task = get_task("dijkstra", decimals=1, train_sizes=[3, 4], train_size_weights=[1, 3],
+                    train_size_schedule={"4": [1, 1]})  # fmt: skip
+    assert [task.train_size_probs_at(e) for e in (0, 3, 4, 9)] == [(0.25, 0.75), (0.25, 0.75), (0.5, 0.5), (0.5, 0.5)]
+    assert task.describe()["train_size_schedule"] == {"4": [1.0, 1.0]}
+
+
+def test_train_size_schedule_after_epoch_0_needs_resampling(tmp_path):
+    text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [9, 1], 2: [1, 9]}},")
+    assert load_spec(str(write_spec(tmp_path, text)))[0].task.resample_train  # the base spec resamples
+    text = text.replace("train_size: 32", "train_size: 32\n  resample_train: false")
+    with pytest.raises(SpecError, match="needs resample_train: true"):
+        load_spec(str(write_spec(tmp_path, text)))
+    only0 = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [9, 1]}},")
+    only0 = only0.replace("train_size: 32", "train_size: 32\n  resample_train: false")
+    assert load_spec(str(write_spec(tmp_path, only0)))[0].task.params["train_size_schedule"] == {0: [9, 1]}
+
+
+@pytest.mark.parametrize(
+    "schedule, problem",
+    [
+        ([1, 2], "must be a mapping"),
+        ({}, "must be a mapping"),
+        ({-1: [1, 1]}, "integers >= 0"),
+        ({"x": [1, 1]}, "integers >= 0"),
+        ({3: [1]}, r"train_size_schedule\[3\] must be 2 positive numbers"),
+        ({3: [1, 0]}, r"train_size_schedule\[3\] must be 2 positive numbers"),
+    ],
+)
+def test_bad_train_size_schedule(schedule, problem):
+    with pytest.raises(UserError, match=problem):
+        get_task("dijkstra", decimals=1, train_sizes=[3, 4], train_size_schedule=schedule)
+    with pytest.raises(UserError, match="needs train_sizes"):
+        get_task("dijkstra", decimals=1, train_size_schedule={0: [1, 1]})
+
+
 @pytest.mark.parametrize(
     "params, problem",
     [

@@ -76,7 +76,7 @@ def extract_final(generated: str) -> str:
 
 
 # Task parameters every task accepts besides its generator's Params (Task.__init__).
-SIZE_OPTIONS = ("train_sizes", "train_size_weights", "long_sizes")
+SIZE_OPTIONS = ("train_sizes", "train_size_weights", "train_size_schedule", "long_sizes")
 
 
 def sized_split(size: int) -> str:
@@ -104,6 +104,7 @@ class Task:
         train_sizes: list[int] | tuple[int, ...] | None = None,
         long_sizes: list[int] | tuple[int, ...] | None = None,
         train_size_weights: list[float] | tuple[float, ...] | None = None,
+        train_size_schedule: dict[int, list[float]] | None = None,
         **params: Any,
     ):
         """`params`: the generator's Params. `train_sizes` (optional): the training, validation and
@@ -113,6 +114,11 @@ class Task:
         *training* split draws each example's size with these relative weights (e.g. [1, 3] with
         sizes [3, 4]: three in four examples at 4 nodes), while validation and test stay uniform over
         `train_sizes`, so in-distribution accuracy means the same thing under any weighting.
+        `train_size_schedule` (optional, with `train_sizes` only): a size curriculum, {E: weights}
+        meaning "after E completed epochs, draw the training sizes with these weights" (same form as
+        `train_size_weights`, which hold until the first entry; uniform when not given); e.g.
+        {0: [3, 1], 80: [1, 3]} starts mostly at 3 nodes and moves to mostly 4 after 80 epochs. An
+        entry after epoch 0 needs `resample_train` (a fresh training split every epoch).
         `long_sizes` (optional): evaluate at these explicit sizes (splits `test_n<k>`, metrics
         `test_acc_n<k>`) instead of 10% and 20% above `size` (splits `test_long`, `test_longer`)."""
         names = {f.name for f in dataclasses.fields(self.Params)}
@@ -124,6 +130,7 @@ class Task:
         self.train_sizes = self._size_list("train_sizes", train_sizes)
         self.explicit_long_sizes = self._size_list("long_sizes", long_sizes)
         self.train_size_weights = self._weights(train_sizes, train_size_weights)
+        self.train_size_schedule = self._schedule(train_sizes, train_size_schedule)
         if self.train_sizes is None:
             self.check_size(getattr(self.params, self.size_field))
         else:  # the size parameter is the largest training size: given, it must agree; else it is set
@@ -172,13 +179,51 @@ class Task:
             )
         return tuple(float(w) for w in weights)
 
+    def _schedule(self, sizes: Any, schedule: Any) -> tuple[tuple[int, tuple[float, ...]], ...] | None:
+        if schedule is None:
+            return None
+        if not isinstance(schedule, dict) or not schedule:
+            raise UserError(
+                f"task {self.name!r}: train_size_schedule must be a mapping {{epoch: weights}}, e.g. "
+                f"{{0: [3, 1], 80: [1, 3]}}, got {schedule!r}"
+            )
+        out = []
+        for epoch, weights in schedule.items():
+            if isinstance(epoch, str) and epoch.isdigit():  # a JSON round trip turns the keys into strings
+                epoch = int(epoch)
+            if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+                raise UserError(
+                    f"task {self.name!r}: train_size_schedule keys are numbers of completed epochs (integers "
+                    f">= 0), got {epoch!r}"
+                )
+            try:
+                out.append((epoch, self._weights(sizes, weights)))
+            except UserError as e:
+                raise UserError(str(e).replace("train_size_weights", f"train_size_schedule[{epoch}]")) from None
+        return tuple(sorted(out))
+
+    def train_size_weights_at(self, epoch: int) -> tuple[float, ...] | None:
+        """The training sizes' weights after `epoch` completed epochs: the last `train_size_schedule`
+        entry at or before it, else `train_size_weights` (None: uniform)."""
+        weights = self.train_size_weights
+        for start, w in self.train_size_schedule or ():
+            if start <= epoch:
+                weights = w
+        return weights
+
+    def train_size_probs_at(self, epoch: int) -> tuple[float, ...] | None:
+        """The probability of each of `in_dist_sizes` in the training split drawn after `epoch`
+        completed epochs (None: uniform)."""
+        weights = self.train_size_weights_at(epoch)
+        if weights is None:
+            return None
+        total = sum(weights)
+        return tuple(w / total for w in weights)
+
     @property
     def train_size_probs(self) -> tuple[float, ...] | None:
-        """The training split's probability of each of `in_dist_sizes` (None: uniform)."""
-        if self.train_size_weights is None:
-            return None
-        total = sum(self.train_size_weights)
-        return tuple(w / total for w in self.train_size_weights)
+        """The first training split's probability of each of `in_dist_sizes` (None: uniform)."""
+        return self.train_size_probs_at(0)
 
     @property
     def size(self) -> int:
@@ -248,6 +293,8 @@ class Task:
             d["train_sizes"] = list(self.train_sizes)
         if self.train_size_weights is not None:
             d["train_size_weights"] = list(self.train_size_weights)
+        if self.train_size_schedule is not None:
+            d["train_size_schedule"] = {str(e): list(w) for e, w in self.train_size_schedule}
         if self.explicit_long_sizes is not None:
             d["long_sizes"] = list(self.explicit_long_sizes)
         return d

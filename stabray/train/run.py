@@ -142,7 +142,7 @@ class TrialRun(Runner):
                     self.cfg.task.data_seed,
                     self.task.in_dist_sizes,
                     exclude=exclude,
-                    probs=self.task.train_size_probs,
+                    probs=self.task.train_size_probs_at(epoch),
                 ),
             )
         return self._fresh[1]
