@@ -28,11 +28,15 @@ class TaskCfg(Strict):
     resample_train: bool = False  # draw a fresh training split of train_size every epoch (no memorizing)
 
     @model_validator(mode="after")
-    def _schedule_needs_resampling(self):
-        """A size curriculum (params.train_size_schedule) that changes after epoch 0 draws a new
-        training split at each change, which only a resampled training split does."""
+    def _size_schedule(self):
+        """A size curriculum (params.train_size_schedule, {epoch: weights}) gets string keys, the
+        form a JSON round trip gives (Ray Tune's search space and MLflow's params need string keys;
+        the task reads "80" as 80). One that changes after epoch 0 draws a new training split at
+        each change, which only a resampled training split does."""
         schedule = self.params.get("train_size_schedule")
-        later = isinstance(schedule, dict) and any(str(k) != "0" for k in schedule)
+        if isinstance(schedule, dict):
+            schedule = self.params["train_size_schedule"] = {str(k): v for k, v in schedule.items()}
+        later = isinstance(schedule, dict) and any(k != "0" for k in schedule)
         if later and not self.resample_train:
             raise ValueError(
                 "params.train_size_schedule changes the training sizes after epoch 0, which needs "

@@ -155,7 +155,27 @@ def test_train_size_schedule_after_epoch_0_needs_resampling(tmp_path):
         load_spec(str(write_spec(tmp_path, text)))
     only0 = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [9, 1]}},")
     only0 = only0.replace("train_size: 32", "train_size: 32\n  resample_train: false")
-    assert load_spec(str(write_spec(tmp_path, only0)))[0].task.params["train_size_schedule"] == {0: [9, 1]}
+    # the keys become strings (Ray Tune's search space cannot flatten int keys), which the task reads as epochs
+    spec = load_spec(str(write_spec(tmp_path, only0)))[0]
+    assert spec.task.params["train_size_schedule"] == {"0": [9, 1]}
+    assert get_task("dijkstra", **spec.task.params).train_size_schedule == ((0, (9.0, 1.0)),)
+
+
+def test_train_size_schedule_passes_through_the_optuna_search_space(tmp_path):
+    """Ray's OptunaSearch flattens the whole trial config (path keys must be strings): a schedule
+    written with integer epochs, as YAML reads `{0: [3, 1], 2: [1, 3]}`, converts, and the trial
+    config keeps it."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    from stabray.tune.sweep import ray_space
+
+    text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [3, 1], 2: [1, 3]}},")
+    lr = "lr: {{loguniform: [1.0e-4, 1.0e-3]}}"
+    text = text.replace("{{lam: null, bits: null}}", "{{lam: null, bits: null, " + lr + "}}")
+    spec, _ = load_spec(str(write_spec(tmp_path, text)))
+    space = OptunaSearch.convert_search_space(ray_space(spec))
+    assert list(space) == ["train/lr"]
+    assert ray_space(spec)["task"]["params"]["train_size_schedule"] == {"0": [3, 1], "2": [1, 3]}
 
 
 @pytest.mark.parametrize(
