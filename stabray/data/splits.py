@@ -3,7 +3,8 @@
 Each split draws from its own RandomState seeded by (seed, split, sizes), so adding a split or
 changing one split's size leaves the others unchanged. A split drawn at a mix of sizes (a task's
 `train_sizes`) draws each example's size uniformly from the mix with that same RandomState (the
-training split with the task's `train_size_weights` when it has them).
+training split with the task's weights when it has them: `train_size_weights`, or the
+`train_size_schedule` entry for epoch 0; a resampled training split takes each epoch's entry).
 Evaluation splits are drawn first; training examples whose question already appears in any
 evaluation split are redrawn.
 """
