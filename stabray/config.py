@@ -35,7 +35,14 @@ class TaskCfg(Strict):
         each change, which only a resampled training split does."""
         schedule = self.params.get("train_size_schedule")
         if isinstance(schedule, dict):
-            schedule = self.params["train_size_schedule"] = {str(k): v for k, v in schedule.items()}
+            keys = [str(k) for k in schedule]
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            if twice:  # YAML keeps 0 and "0" apart; as strings one would silently replace the other
+                raise ValueError(
+                    f"params.train_size_schedule names epoch {', '.join(twice)} twice "
+                    "(once as a number, once as a string); keep one"
+                )
+            schedule = self.params["train_size_schedule"] = dict(zip(keys, schedule.values()))
         later = isinstance(schedule, dict) and any(k != "0" for k in schedule)
         if later and not self.resample_train:
             raise ValueError(

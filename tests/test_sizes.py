@@ -161,6 +161,13 @@ def test_train_size_schedule_after_epoch_0_needs_resampling(tmp_path):
     assert get_task("dijkstra", **spec.task.params).train_size_schedule == ((0, (9.0, 1.0)),)
 
 
+def test_train_size_schedule_with_an_epoch_twice_is_refused(tmp_path):
+    """YAML keeps `0` and `"0"` apart; as strings one would silently replace the other."""
+    text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [9, 1], '0': [1, 9]}},")
+    with pytest.raises(SpecError, match="names epoch 0 twice"):
+        load_spec(str(write_spec(tmp_path, text)))
+
+
 def test_train_size_schedule_passes_through_the_optuna_search_space(tmp_path):
     """Ray's OptunaSearch flattens the whole trial config (path keys must be strings): a schedule
     written with integer epochs, as YAML reads `{0: [3, 1], 2: [1, 3]}`, converts, and the trial
