@@ -89,7 +89,8 @@ class Task:
     implement `sample(rng, size)`.
 
     `version` is the text-format version: bump it whenever the rendered text changes, so cached
-    datasets keyed by it are rebuilt and results logged with it stay comparable.
+    datasets keyed by it are rebuilt and results logged with it stay comparable
+    (`tests/test_task_versions.py` pins each task's text to its version and fails when it drifts).
     """
 
     name: ClassVar[str]
