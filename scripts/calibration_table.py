@@ -4,9 +4,17 @@ mean ± std over seeds of every profile run with 3 or more seeds.
 
     python scripts/calibration_table.py scripts/calibration_results.jsonl [more.jsonl ...]
     python scripts/calibration_table.py scripts/calibration_results.jsonl --readme README.md
+    python scripts/calibration_table.py scripts/calibration_results.jsonl --compare L32 L28
 
 With --readme, the text between the README's `<!-- calibration-table: begin ...-->` and
 `<!-- calibration-table: end -->` lines is replaced by the table instead of printing it.
+With --compare A B (profile names or their prefix before the first `_`), it prints instead, per
+split, A's mean and sample std over seeds, its margin over the split's best trivial rule with a
+one-sample t-test against the rule (the rule is one number: every seed is tested on the same
+examples), and A - B with Welch's t-test and, on the seeds both ran, a paired t-test and the
+per-seed differences (pairing means most when both profiles draw the same data, i.e. the same task
+settings: a seed then fixes the graphs each trains and is tested on). Both are two-sided; with 3-4
+seeds a side they detect only large effects.
 """
 
 from __future__ import annotations
@@ -57,7 +65,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--readme", type=Path, help="rewrite this file's calibration table in place")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two profiles over seeds")
     args = ap.parse_args()
+    if args.compare:
+        print(compare(args.files, *args.compare), end="")
+        return
     out = table(args.files)
     if args.readme is None:
         print(out, end="")
@@ -107,6 +119,60 @@ def table(files: list[str]) -> str:
         seeds = ",".join(str(s) for s in sorted(r["seed"] for r in rs))
         emit(f"| {name} | {seeds} | {cols[0]} | {cols[1]} | {cols[2]} | {cpu} |")
     return "\n".join(lines) + "\n"
+
+
+def _profile_rows(rows: list[dict], name: str) -> dict[int, dict]:
+    """The rows of the profile called `name`, or whose name starts with `name` + "_", by seed."""
+    names = {r["profile"] for r in rows if r["profile"] == name or r["profile"].startswith(name + "_")}
+    if len(names) != 1:
+        found = ", ".join(sorted(names)) or "none"
+        raise SystemExit(f"--compare: {name!r} must name exactly one profile in the results (matches: {found})")
+    (full,) = names
+    by_seed: dict[int, dict] = {}
+    for r in rows:
+        if r["profile"] == full:
+            if r["seed"] in by_seed:
+                raise SystemExit(f"--compare: profile {full} has seed {r['seed']} twice")
+            by_seed[r["seed"]] = r
+    return by_seed
+
+
+def compare(files: list[str], a: str, b: str) -> str:
+    """Profile `a` against its trivial rules and against profile `b`, split by split (see the module
+    docstring); a split missing from either side is skipped."""
+    from scipy import stats
+
+    from analysis.tables import fmt_p, welch
+
+    rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
+    ra, rb = _profile_rows(rows, a), _profile_rows(rows, b)
+    name_a, name_b = next(iter(ra.values()))["profile"], next(iter(rb.values()))["profile"]
+    out = [f"A = {name_a} (seeds {sorted(ra)})", f"B = {name_b} (seeds {sorted(rb)})"]
+    common = sorted(set(ra) & set(rb))
+    for split in next(iter(ra.values()))["splits"]:
+        if any(split not in r["splits"] for r in [*ra.values(), *rb.values()]):
+            continue
+        xa = [ra[s]["splits"][split]["acc"] for s in sorted(ra)]
+        xb = [rb[s]["splits"][split]["acc"] for s in sorted(rb)]
+        rule = next(iter(ra.values()))["splits"][split]["best_rule"]
+        sd = statistics.stdev(xa) if len(xa) > 1 else float("nan")
+        mean_a = statistics.mean(xa)
+        line = f"{split}: A {mean_a:.3f} ± {sd:.3f}, rule {rule:.3f}, A - rule {mean_a - rule:+.3f}"
+        if len(xa) > 1 and sd > 0:
+            line += f" (t-test p={fmt_p(float(stats.ttest_1samp(xa, rule).pvalue))})"
+        line += f"; A - B {mean_a - statistics.mean(xb):+.3f}"
+        w = welch(xa, xb)
+        if w is not None:
+            line += f" (Welch p={fmt_p(w[2])})"
+        if len(common) > 1:
+            pa = [ra[s]["splits"][split]["acc"] for s in common]
+            pb = [rb[s]["splits"][split]["acc"] for s in common]
+            diffs = [x - y for x, y in zip(pa, pb)]
+            pair = stats.ttest_rel(pa, pb)
+            p = fmt_p(float(pair.pvalue)) if statistics.pstdev(diffs) > 0 else "-"
+            line += f", paired on seeds {common}: {' '.join(f'{d:+.3f}' for d in diffs)} (p={p})"
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

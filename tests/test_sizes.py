@@ -529,6 +529,50 @@ def test_calibration_table_readme_option_rewrites_only_the_table(tmp_path):
     assert edited.read_text() == "no markers here\n"
 
 
+def test_calibration_table_compare_against_the_formulas(tmp_path):
+    """--compare A B: A's mean ± std, its margin over the rule with a one-sample t-test, A - B with
+    Welch's test, and the paired test on shared seeds, each checked against the t formulas; a name
+    that matches no profile (or two) is an error naming it."""
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+
+    def row(profile, seed, acc):
+        split = {"sizes": [5], "acc": acc, "n": 200, "best_rule": 0.5, "best_rule_name": "r"}
+        return {"profile": profile, "seed": seed, "splits": {"test_n5": split}}
+
+    a, b = [0.62, 0.71, 0.83], [0.55, 0.5, 0.61, 0.58]
+    rows = [row("P1_a", s, x) for s, x in enumerate(a)] + [row("P2_b", s, x) for s, x in enumerate(b)]
+    rows.append(row("P2_bb", 0, 0.3))
+    res = tmp_path / "r.jsonl"
+    res.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cmd = [sys.executable, str(root / "scripts" / "calibration_table.py"), str(res), "--compare"]
+    out = subprocess.run([*cmd, "P1", "P2_b"], capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("test_n5:"))
+    assert f"A {np.mean(a):.3f} ± {np.std(a, ddof=1):.3f}, rule 0.500, A - rule {np.mean(a) - 0.5:+.3f}" in line
+    t1 = (np.mean(a) - 0.5) / (np.std(a, ddof=1) / math.sqrt(3))
+    p1 = float(re.search(r"t-test p=([0-9.]+)", line).group(1))
+    assert p1 == pytest.approx(_t_pvalue(t1, 2), abs=1.5e-3)
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 4
+    tw = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    assert f"A - B {np.mean(a) - np.mean(b):+.3f}" in line
+    pw = float(re.search(r"Welch p=([0-9.]+)", line).group(1))
+    assert pw == pytest.approx(_t_pvalue(tw, dof), abs=1.5e-3)
+    d = np.array(a) - np.array(b[:3])
+    assert "paired on seeds [0, 1, 2]: " + " ".join(f"{x:+.3f}" for x in d) in line
+    tp = d.mean() / (d.std(ddof=1) / math.sqrt(3))
+    pp = float(re.search(r"\(p=([0-9.]+)\)", line).group(1))
+    assert pp == pytest.approx(_t_pvalue(tp, 2), abs=1.5e-3)
+    for bad, named in (("P3", "'P3'"), ("P2", "P2_b, P2_bb")):
+        r = subprocess.run([*cmd, "P1", bad], capture_output=True, text=True)
+        assert r.returncode != 0 and named in r.stderr and "Traceback" not in r.stderr
+
+
 def _t_pvalue(t: float, dof: float) -> float:
     """Two-sided p of Student's t from its density, integrated numerically (independent of scipy)."""
     c = math.gamma((dof + 1) / 2) / (math.sqrt(dof * math.pi) * math.gamma(dof / 2))
