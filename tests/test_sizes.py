@@ -453,7 +453,7 @@ def test_calibration_profiles_build():
 
 
 def test_lengthgen_sweep_trains_what_its_calibration_profile_trained():
-    """sweeps/dijkstra_lengthgen.yaml is profile L28 as a sweep: the same examples (task and its
+    """sweeps/dijkstra_lengthgen.yaml is profile L32 as a sweep: the same examples (task and its
     cache key, split sizes), model, method and training; only what is measured differs (the EAF and
     the end-of-trial analyses are on in the sweep, off in calibration)."""
     import yaml
@@ -462,7 +462,7 @@ def test_lengthgen_sweep_trains_what_its_calibration_profile_trained():
 
     calibrate = load_calibrate()
     profiles = yaml.safe_load(calibrate.PROFILES.read_text())
-    prof = parse_trial_config(calibrate.profile_config("L28_lab12_mix34w13_randpos512_s3_e160_h128", profiles))
+    prof = parse_trial_config(calibrate.profile_config("L32_lab12_mix34w13_randpos512_s3_e160_h128_l3", profiles))
     spec, _ = load_spec("dijkstra_lengthgen")
     sweep = parse_trial_config(spec.trial_base())
     assert (
