@@ -351,7 +351,9 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     """The flat parameters logged for a trial (analysis/ and the closing summary read these names):
     task identity and size, method and every one of its hyperparameters with its default filled in
     (e.g. alg1's lam = 0.2 when the config leaves it out), what a method implies without a
-    hyperparameter (SFT-CoT: lam = 1.0, bits = 32), model, lr, seed and the training sizes."""
+    hyperparameter (SFT-CoT: lam = 1.0, bits = 32), model, lr, seed and the training sizes. An
+    embedded model also logs its shape, `hidden_size` and `num_layers` (its preset's values unless the
+    config overrides them), so that runs of one preset at different depths or widths differ in MLflow."""
     from stabray.methods import METHODS
     from stabray.tasks import TASKS
 
@@ -378,6 +380,12 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     p.update(task.get("params") or {})
     if model.get("lora"):
         p["lora_rank"] = model["lora"].get("rank")
+    if not model.get("pretrained"):
+        from stabray.models.build import PRESETS
+
+        shape = PRESETS.get(model.get("preset", "small"), {})
+        for key in ("hidden_size", "num_layers"):
+            p[key] = model[key] if model.get(key) is not None else shape.get(key)
     return p
 
 
@@ -417,6 +425,8 @@ PARAM_TYPES: dict[str, pl.DataType] = {
     "lam": pl.Float64,  # compression factor; 1.0 = keep all steps
     "bits": pl.Int64,  # QAT bit-width; 32 = full precision
     "lora_rank": pl.Int64,
+    "hidden_size": pl.Int64,  # embedded models only
+    "num_layers": pl.Int64,  # embedded models only
     "n_nodes": pl.Int64,
     "latent_steps": pl.Int64,
     "sigma": pl.Float64,

@@ -29,6 +29,33 @@ def test_params_carry_the_methods_own_defaults():
     assert trial_params({**_config({"name": "alg1"}), "task": {"name": "prim"}})["task"] == "mst_prim"  # aliases
 
 
+def test_params_carry_an_embedded_models_shape():
+    """hidden_size and num_layers: the preset's unless overridden (the length-generalization sweep's
+    mini preset at 128 wide and 3 layers logs 128 and 3, not the preset's 64 and 2); none for a
+    pretrained model."""
+    from stabray.models.build import PRESETS
+    from stabray.spec import load_spec
+
+    cfg = {**_config({"name": "sft_cot"}), "model": {"preset": "mini"}}
+    p = trial_params(cfg)
+    assert (
+        (p["model"], p["hidden_size"], p["num_layers"])
+        == ("embedded-mini", 64, 2)
+        == (
+            "embedded-mini",
+            PRESETS["mini"]["hidden_size"],
+            PRESETS["mini"]["num_layers"],
+        )
+    )
+    p = trial_params(_config({"name": "sft_cot"}))  # no model section: the default preset, small
+    assert (p["hidden_size"], p["num_layers"]) == (128, 2)
+    spec, _ = load_spec("dijkstra_lengthgen")
+    p = trial_params(spec.trial_base())
+    assert (p["model"], p["hidden_size"], p["num_layers"]) == ("embedded-mini", 128, 3)
+    p = trial_params({**_config({"name": "sft_cot"}), "model": {"pretrained": "gpt2", "lora": {"rank": 8}}})
+    assert "hidden_size" not in p and "num_layers" not in p and p["lora_rank"] == 8
+
+
 def test_statuses():
     assert trial_status(failed=True, done=True, has_final=True) == "FAILED"
     assert trial_status(failed=False, done=True, has_final=True) == "FINISHED"
