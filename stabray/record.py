@@ -380,13 +380,19 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     p.update(task.get("params") or {})
     if model.get("lora"):
         p["lora_rank"] = model["lora"].get("rank")
-    if not model.get("pretrained"):
-        from stabray.models.build import PRESETS
-
-        shape = PRESETS.get(model.get("preset", "small"), {})
-        for key in ("hidden_size", "num_layers"):
-            p[key] = model[key] if model.get(key) is not None else shape.get(key)
+    p.update(model_shape(model))
     return p
+
+
+def model_shape(model: dict[str, Any]) -> dict[str, Any]:
+    """An embedded model's `hidden_size` and `num_layers` from a model config section (its preset's
+    values unless the section overrides them); {} for a pretrained model."""
+    if model.get("pretrained"):
+        return {}
+    from stabray.models.build import PRESETS
+
+    preset = PRESETS.get(model.get("preset", "small"), {})
+    return {k: model[k] if model.get(k) is not None else preset.get(k) for k in ("hidden_size", "num_layers")}
 
 
 # Short labels of searched values in run names (alg1-lam0.2-b4-lr0.0031-s0); any other key keeps its name.

@@ -54,6 +54,10 @@ def test_params_carry_an_embedded_models_shape():
     assert (p["model"], p["hidden_size"], p["num_layers"]) == ("embedded-mini", 128, 3)
     p = trial_params({**_config({"name": "sft_cot"}), "model": {"pretrained": "gpt2", "lora": {"rank": 8}}})
     assert "hidden_size" not in p and "num_layers" not in p and p["lora_rank"] == 8
+    from stabray.tune.summary import sweep_params
+
+    parent = sweep_params(spec)  # the sweep's parent run says the same
+    assert (parent["model"], parent["hidden_size"], parent["num_layers"]) == ("embedded-mini", 128, 3)
 
 
 def test_statuses():
