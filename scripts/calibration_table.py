@@ -78,12 +78,17 @@ def main() -> None:
     print(f"{args.readme}: calibration table rewritten ({out.count(chr(10))} lines)", file=sys.stderr)
 
 
+def read_rows(files: list[str]) -> list[dict]:
+    """Every calibration row in `files` (JSON lines), in order."""
+    return [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
+
+
 def table(files: list[str]) -> str:
     """The per-trial table and the seed means of `files` (JSON lines), as Markdown."""
     lines: list[str] = []
     emit = lines.append
     profiles = yaml.safe_load(PROFILES.read_text())["profiles"]
-    rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
+    rows = read_rows(files)
     emit(
         "| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
         "| long sizes | +1 acc (rule) | +2 acc (rule) | cpu min | wall min | code |"
@@ -144,7 +149,7 @@ def compare(files: list[str], a: str, b: str) -> str:
 
     from analysis.tables import fmt_p, welch
 
-    rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
+    rows = read_rows(files)
     ra, rb = _profile_rows(rows, a), _profile_rows(rows, b)
     name_a, name_b = next(iter(ra.values()))["profile"], next(iter(rb.values()))["profile"]
     out = [f"A = {name_a} (seeds {sorted(ra)})", f"B = {name_b} (seeds {sorted(rb)})"]
