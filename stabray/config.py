@@ -5,6 +5,7 @@ errors that name the field; sweep specs are validated completely before Ray star
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -177,11 +178,51 @@ def parse_trial_config(config: dict[str, Any]) -> TrialConfig:
         raise UserError(format_validation_error(e, "trial config")) from None
 
 
+def _models(cls: type[BaseModel] = Strict) -> dict[str, type[BaseModel]]:
+    """Every model class below `cls`, by name (a ValidationError names its root model only)."""
+    out: dict[str, type[BaseModel]] = {}
+    for sub in cls.__subclasses__():
+        out[sub.__name__] = sub
+        out.update(_models(sub))
+    return out
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config model an annotation holds, through Optional / unions / lists / dicts; None if none."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def known_keys(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at `loc` (a pydantic error location, without the bad key) below `root`;
+    [] where the location is not a config model (a free-form dict such as task.params)."""
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # a list index, or a union member's tag
+        model = _model_in(model.model_fields[part].annotation)
+    return sorted(model.model_fields) if model is not None else []
+
+
 def validation_problem(e: ValidationError) -> tuple[str, str]:
-    """(dotted path of the first error, e.g. "search.space.lr"; what is wrong there)."""
+    """(dotted path of the first error, e.g. "search.space.lr"; what is wrong there). An unknown key
+    gets the closest allowed keys at its place ("unknown key; did you mean epochs?")."""
     errs = e.errors()
     first = errs[0]
     msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+    if first["type"] == "extra_forbidden" and first["loc"]:
+        root = _models().get(e.title)
+        allowed = known_keys(root, tuple(first["loc"][:-1])) if root is not None else []
+        close = difflib.get_close_matches(str(first["loc"][-1]), allowed, n=2, cutoff=0.6)
+        if close:
+            msg += f"; did you mean {' or '.join(close)}?"
     msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
     return ".".join(str(p) for p in first["loc"]), msg + more

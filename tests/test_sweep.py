@@ -98,6 +98,35 @@ def test_spec_errors_exit_2_naming_field_and_file(tmp_path, capsys, over, field)
     assert not (tmp_path / "runs").exists()  # failed before Ray started
 
 
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"train": {"epochz": 3}}, "train.epochz: unknown key; did you mean epochs?"),
+        ({"trian": {"epochs": 3}}, "trian: unknown key; did you mean train?"),
+        ({"model": {"preset": "tiny", "lora": {"rnk": 4}}}, "model.lora.rnk: unknown key; did you mean rank?"),
+        (
+            {"search": {"space": {"lr": {"loguniformm": [1e-4, 1e-3]}}}},
+            "search.space.lr.loguniformm: unknown key; did you mean loguniform or uniform?",
+        ),
+        ({"eval": {"long_split": ["test_long"]}}, "eval.long_split: unknown key; did you mean long_splits?"),
+        ({"train": {"zzz": 3}}, "train.zzz: unknown key\n"),  # nothing close: no guess
+    ],
+)
+def test_unknown_key_names_the_closest_allowed_key(tmp_path, capsys, over, message):
+    path = write_spec(tmp_path, **over)
+    assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_known_keys_follow_the_models():
+    from stabray.config import SweepSpec, TrainCfg, TrialConfig, known_keys
+
+    assert known_keys(TrialConfig, ("train",)) == sorted(TrainCfg.model_fields)
+    assert known_keys(SweepSpec, ("model", "lora")) == ["alpha", "dropout", "rank", "target_modules"]
+    assert "loguniform" in known_keys(SweepSpec, ("search", "space", "lr"))  # through dict[str, Dist]
+    assert known_keys(TrialConfig, ("task", "params")) == []  # free-form: no allowed list to guess from
+
+
 def test_unknown_spec_name(capsys):
     assert main(["sweep", "dijkstr"]) == 2
     assert "did you mean dijkstra" in capsys.readouterr().err

@@ -72,7 +72,7 @@ def test_same_seed_same_result(cache_dir):
 def test_bad_trial_config(cache_dir):
     with pytest.raises(UserError, match="train.lr"):
         parse_trial_config(tiny_config(cache_dir, train={"lr": -1.0}))
-    with pytest.raises(UserError, match="unknown key"):
+    with pytest.raises(UserError, match="train.epoch: unknown key; did you mean epochs"):
         parse_trial_config(tiny_config(cache_dir, train={"epoch": 3}))
     with pytest.raises(UserError, match="did you mean 'dijkstra'"):
         TrialRun(tiny_config(cache_dir, task={"name": "dijkstar"}))
