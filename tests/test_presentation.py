@@ -158,9 +158,9 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     )
     store.set_runs_view(view_columns(spec), order_by="metrics.val_acc")
     trials = [  # (lam, bits, lr, val_acc per epoch, final metrics or None when ASHA stopped it)
-        (0.2, 4, 0.003, [0.3, 0.5, 0.8], {"test_acc": 0.75, "test_eaf": 3.2}),
+        (0.2, 4, 0.003, [0.3, 0.5, 0.8], {"test_acc": 0.75, "test_eaf": 3.2, "trivial_test_acc": 0.72}),
         (1.0, 32, 0.002, [0.2, 0.1], None),
-        (0.5, 2, 0.005, [0.4, 0.6, 0.7], {"test_acc": 0.65, "test_eaf": 4.1}),
+        (0.5, 2, 0.005, [0.4, 0.6, 0.7], {"test_acc": 0.65, "test_eaf": 4.1, "trivial_test_acc": 0.72}),
     ]
     for i, (lam, bits, lr, accs, final) in enumerate(trials):
         params = {"task": "dijkstra", "method": "alg1", "lam": lam, "bits": bits, "lr": lr, "seed": 0}
@@ -184,6 +184,7 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     assert p["task"] == "dijkstra" and p["n_nodes"] == "4" and p["epochs"] == "12"
     assert (p["lam"], p["bits"], p["lr"]) == ("0.2", "4", "0.003")  # the best trial's values
     assert m["val_acc"] == 0.8 and m["test_acc"] == 0.75 and m["test_eaf"] == 3.2
+    assert m["trivial_test_acc"] == 0.72  # each accuracy's floor beside it
     assert tags["stabray.best_trial"] == "alg1-lam0.2-b4-s0"
     note = tags["mlflow.note.content"]
     assert note.startswith("**Result**: sweep dijkstra: 3 trials (0 failed), 2 finished, 1 stopped early")
@@ -200,6 +201,21 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     view = json.loads(exp.tags["mlflow.sharedViewState.stabray"])
     assert view["selectedColumns"][:4] == ["params.`lam`", "params.`bits`", "params.`lr`", "metrics.`val_acc`"]
     assert "tags.`stabray.status`" in view["selectedColumns"] and view["orderByKey"] == "metrics.`val_acc`"
+    metrics = [c for c in view["selectedColumns"] if c.startswith("metrics.")]
+    assert metrics[:9] == [  # every accuracy with its trivial-rule floor right after it
+        f"metrics.`{m}`"
+        for m in (
+            "val_acc",
+            "best_val_acc",
+            "trivial_val_acc",
+            "test_acc",
+            "trivial_test_acc",
+            "test_acc_n5",
+            "trivial_test_acc_n5",
+            "test_acc_n6",
+            "trivial_test_acc_n6",
+        )
+    ]
     ((name, link),) = experiment_links(uri, "http://127.0.0.1:5000")
     assert name == "dijkstra" and link.endswith("/runs?workflowType=machine_learning&viewStateShareKey=stabray")
 
@@ -295,3 +311,23 @@ def test_ui_waits_for_an_answer_and_names_a_server_that_never_gives_one():
     finally:
         silent.kill()
         silent.wait()
+
+
+def test_floor_columns_only_where_the_task_has_trivial_rules():
+    from stabray.spec import load_spec
+    from stabray.tune.summary import view_columns, with_floors
+
+    assert with_floors(["val_acc", "best_val_acc", "test_acc", "test_acc_n7", "val_eaf"]) == [
+        "val_acc",
+        "best_val_acc",
+        "trivial_val_acc",
+        "test_acc",
+        "trivial_test_acc",
+        "test_acc_n7",
+        "trivial_test_acc_n7",
+        "val_eaf",
+    ]
+    icl, _ = load_spec("icl_linear", {})  # no trivial rules: no empty floor columns
+    assert not [c for c in view_columns(icl) if "trivial_" in c]
+    lego, _ = load_spec("lego_cyclic", {})
+    assert "metrics.trivial_test_acc_n4" in view_columns(lego)

@@ -366,10 +366,28 @@ def sweep_description(spec) -> str:
     return "\n".join(lines)
 
 
+def with_floors(metric_cols: list[str]) -> list[str]:
+    """The metric columns with each accuracy's trivial-rule floor (`floor_of`) right after it, once:
+    val_acc, best_val_acc, trivial_val_acc, test_acc, trivial_test_acc, test_acc_n5, ..."""
+    out: list[str] = []
+    for i, m in enumerate(metric_cols):
+        out.append(m)
+        f = floor_of(m)
+        nxt = floor_of(metric_cols[i + 1]) if i + 1 < len(metric_cols) else None
+        if f is not None and f != nxt and f not in out:
+            out.append(f)
+    return out
+
+
 def view_columns(spec) -> list[str]:
     """The runs-table columns the sweep is read in (the `stabray ui` link): searched params, then the
-    metrics of the closing table, then the status tag."""
+    metrics of the closing table, each accuracy with its trivial-rule floor beside it, then the status
+    tag. No floor columns for a task without trivial rules (they would stay empty)."""
+    from stabray.tasks import get_task
+
     metric_cols = metric_columns(spec)
+    if get_task(spec.task.name, **spec.task.params).trivial_baselines():
+        metric_cols = with_floors(metric_cols)
     cols = [f"params.{n}" for n in searched_names(spec)]
     if spec.methods:
         cols.insert(0, "params.method")
@@ -430,8 +448,8 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
         store.log_params(parent_run_id, params)
     except Exception as e:  # noqa: BLE001 - e.g. a resumed sweep whose best trial changed: keep going
         print(f"stabray: the parent run keeps its earlier best params ({type(e).__name__})")
-    shown = {m: float(f"{best[m]:.4g}") for m in metric_cols if isinstance(best.get(m), float)}  # a summary
-    store.log_metrics(parent_run_id, shown, step=0)
+    shown = {m: float(f"{best[m]:.4g}") for m in with_floors(metric_cols) if isinstance(best.get(m), float)}
+    store.log_metrics(parent_run_id, shown, step=0)  # a summary, each accuracy with its floor
     store.set_tag(parent_run_id, "stabray.best_run_id", str(best.get("run_id")))
     store.set_tag(parent_run_id, "stabray.best_trial", str(best.get("name")))
     md = summary_markdown(spec, sorted_trials(records, spec), wall_s)  # front members first, marked
