@@ -88,6 +88,13 @@ def _validated(raw: dict[str, Any], path: Path) -> SweepSpec:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(str(path), *validation_problem(e)) from None
+    if spec.device == "cuda" and spec.resources.gpu == 0:
+        raise SpecError(
+            str(path),
+            "device",
+            "cuda, but each trial asks for 0 GPUs (resources.gpu) and a Ray trial sees only the GPUs it asks "
+            "for; set resources.gpu (e.g. 1), or device: auto",
+        )
     if spec.methods:
         names = [e if isinstance(e, str) else e.name for e in spec.methods]
         dup = {n for n in names if names.count(n) > 1}

@@ -78,6 +78,17 @@ def test_bad_trial_config(cache_dir):
         TrialRun(tiny_config(cache_dir, task={"name": "dijkstar"}))
 
 
+def test_cuda_without_a_gpu_is_an_error_not_a_cpu_run(cache_dir, monkeypatch):
+    import torch
+
+    from stabray.train import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="device: cuda, but torch sees no CUDA GPU"):
+        TrialRun(tiny_config(cache_dir, device="cuda"))
+    assert pick_device("auto").type == "cpu" and pick_device("cpu").type == "cpu"
+
+
 def test_resample_train_draws_fresh_examples(cache_dir):
     run = TrialRun(tiny_config(cache_dir, task={"resample_train": True}))
     e0, e1 = run.fresh_train(0), run.fresh_train(1)

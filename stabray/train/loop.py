@@ -12,15 +12,26 @@ import torch
 
 from stabray.config import TrainCfg
 from stabray.data.encode import Encoder, collate
+from stabray.errors import UserError
 from stabray.methods.base import Method
 from stabray.models.positions import draw_positions, has_random_positions
 from stabray.tasks.base import Example
 
 
 def pick_device(prefer: str = "auto") -> torch.device:
-    if prefer == "cpu" or not torch.cuda.is_available():
+    """ "cpu"; "cuda" (an error when torch sees no GPU: never a silent fall back to the CPU); "auto":
+    the GPU when torch sees one, else the CPU."""
+    if prefer == "cpu":
         return torch.device("cpu")
-    return torch.device("cuda")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if prefer == "cuda":
+        raise UserError(
+            "device: cuda, but torch sees no CUDA GPU here (torch.cuda.is_available() is False: no GPU on "
+            f"this node or none given to this process, or a CPU build of torch, {torch.__version__}); "
+            "use device: auto or cpu"
+        )
+    return torch.device("cpu")
 
 
 def lr_schedule(optimizer, cfg: TrainCfg, total_steps: int, offset: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
