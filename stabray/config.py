@@ -60,6 +60,22 @@ class LoraCfg(Strict):
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
+PRESETS: dict[str, dict[str, int]] = {
+    # name: embedded decoder shape. "tiny" is what tests use; "small" is the laptop default.
+    "tiny": dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+    "mini": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
+    "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),
+    "base": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=1024),
+    # seed 001: one-layer transformers with one or two attention heads (tree path finding)
+    "onelayer1h": dict(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=256),
+    "onelayer2h": dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=256),
+    # seeds 002/003, NTP vs MTP: "mtp_small" is the laptop stand-in; "mtp8" has the paper's 8 layers
+    # (the width is ours: the seeds give only the depth)
+    "mtp_small": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
+    "mtp8": dict(hidden_size=256, num_layers=8, num_heads=8, intermediate_size=1024),
+}
+
+
 class ModelCfg(Strict):
     pretrained: str | None = None  # hub name or local directory; None = the embedded decoder
     lora: LoraCfg | None = None
@@ -90,10 +106,34 @@ class ModelCfg(Strict):
     @model_validator(mode="after")
     def _positions(self):
         """The position options' combinations, checked when the spec is read."""
-        problem = position_options_problem(self)
+        problem = position_options_problem(self) or shape_problem(self)
         if problem:
             raise ValueError(problem)
         return self
+
+    def shape(self) -> dict[str, int]:
+        """The embedded decoder's shape (`embedded_shape`)."""
+        return embedded_shape(self.preset, self.model_dump())
+
+
+def embedded_shape(preset: str, overrides: dict[str, Any]) -> dict[str, int]:
+    """An embedded decoder's shape: the preset's (PRESETS), overridden field by field by the
+    `overrides` that are not None (a model config section, as a dict)."""
+    return {k: v if overrides.get(k) is None else overrides[k] for k, v in PRESETS[preset].items()}
+
+
+def shape_problem(m: ModelCfg) -> str | None:
+    """What is wrong with an embedded decoder's shape, or None: every head gets hidden_size /
+    num_heads dimensions, so the one must divide the other, and RoPE (qwen2) rotates pairs of them."""
+    if m.pretrained is not None:
+        return None
+    s = m.shape()
+    h, n = s["hidden_size"], s["num_heads"]
+    if h % n:
+        return f"hidden_size {h} is not a multiple of num_heads {n} (preset {m.preset!r} and overrides)"
+    if m.family == "qwen2" and (h // n) % 2:
+        return f"hidden_size / num_heads = {h // n} per head is odd; RoPE (family qwen2) needs an even head size"
+    return None
 
 
 def position_options_problem(m, prefix: str = "") -> str | None:

@@ -389,10 +389,13 @@ def model_shape(model: dict[str, Any]) -> dict[str, Any]:
     values unless the section overrides them); {} for a pretrained model."""
     if model.get("pretrained"):
         return {}
-    from stabray.models.build import PRESETS
+    from stabray.config import PRESETS, embedded_shape
 
-    preset = PRESETS.get(model.get("preset", "small"), {})
-    return {k: model[k] if model.get(k) is not None else preset.get(k) for k in ("hidden_size", "num_layers")}
+    preset = model.get("preset", "small")
+    if preset not in PRESETS:  # a config that did not validate: nothing to say
+        return {}
+    shape = embedded_shape(preset, model)
+    return {k: shape[k] for k in ("hidden_size", "num_layers")}
 
 
 # Short labels of searched values in run names (alg1-lam0.2-b4-lr0.0031-s0); any other key keeps its name.

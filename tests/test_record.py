@@ -33,7 +33,7 @@ def test_params_carry_an_embedded_models_shape():
     """hidden_size and num_layers: the preset's unless overridden (the length-generalization sweep's
     mini preset at 128 wide and 3 layers logs 128 and 3, not the preset's 64 and 2); none for a
     pretrained model."""
-    from stabray.models.build import PRESETS
+    from stabray.config import PRESETS
     from stabray.spec import load_spec
 
     cfg = {**_config({"name": "sft_cot"}), "model": {"preset": "mini"}}

@@ -78,6 +78,23 @@ def test_bad_trial_config(cache_dir):
         TrialRun(tiny_config(cache_dir, task={"name": "dijkstar"}))
 
 
+def test_embedded_shapes_are_checked_against_the_presets():
+    from typing import get_args
+
+    from stabray.config import PRESETS, ModelCfg
+
+    assert set(get_args(ModelCfg.model_fields["preset"].annotation)) == set(PRESETS)
+    assert ModelCfg(preset="mini", num_layers=3).shape() == {**PRESETS["mini"], "num_layers": 3}
+    assert ModelCfg(preset="mini", hidden_size=96, num_heads=3, family="gpt2").shape()["hidden_size"] == 96
+    ModelCfg(preset="mini", hidden_size=96, num_heads=3)  # 32 per head: fine under RoPE
+    with pytest.raises(ValueError, match="is odd; RoPE"):
+        ModelCfg(preset="mini", hidden_size=96, num_heads=32)  # 3 per head
+    ModelCfg(preset="mini", hidden_size=96, num_heads=32, family="gpt2")  # learned positions: any size
+    with pytest.raises(ValueError, match="not a multiple of num_heads 3"):
+        ModelCfg(preset="tiny", num_heads=3, family="bloom")
+    ModelCfg(pretrained="some/model", num_heads=3)  # a pretrained model's shape is its own
+
+
 def test_cuda_without_a_gpu_is_an_error_not_a_cpu_run(cache_dir, monkeypatch):
     import torch
 

@@ -13,20 +13,7 @@ from typing import Any
 
 import torch
 
-PRESETS: dict[str, dict[str, int]] = {
-    # name: embedded decoder shape. "tiny" is what tests use; "small" is the laptop default.
-    "tiny": dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
-    "mini": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
-    "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),
-    "base": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=1024),
-    # seed 001: one-layer transformers with one or two attention heads (tree path finding)
-    "onelayer1h": dict(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=256),
-    "onelayer2h": dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=256),
-    # seeds 002/003, NTP vs MTP: "mtp_small" is the laptop stand-in; "mtp8" has the paper's 8 layers
-    # (the width is ours: the seeds give only the depth)
-    "mtp_small": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
-    "mtp8": dict(hidden_size=256, num_layers=8, num_heads=8, intermediate_size=1024),
-}
+from stabray.config import embedded_shape
 
 
 @dataclass(frozen=True)
@@ -41,7 +28,7 @@ class LoraSpec:
 class ModelSpec:
     pretrained: str | None = None  # hub name or local directory; None = the embedded decoder
     lora: LoraSpec | None = None  # LoRA adapters on a pretrained model (None = full fine-tuning)
-    preset: str = "small"  # embedded shape (PRESETS), overridden field by field below
+    preset: str = "small"  # embedded shape (stabray.config.PRESETS), overridden field by field below
     hidden_size: int | None = None
     num_layers: int | None = None
     num_heads: int | None = None
@@ -66,12 +53,7 @@ class ModelSpec:
         return f"embedded-{s['hidden_size']}x{s['num_layers']}"
 
     def shape(self) -> dict[str, int]:
-        s = dict(PRESETS[self.preset])
-        for k in s:
-            v = getattr(self, k)
-            if v is not None:
-                s[k] = v
-        return s
+        return embedded_shape(self.preset, vars(self))
 
 
 def load_tokenizer(spec: ModelSpec):
