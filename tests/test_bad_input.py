@@ -64,6 +64,7 @@ CASES = [
     ("cuda_without_a_gpu_request", ["sweep", "dijkstra", "--set", "device=cuda"], {}, ["--set device=cuda", "device: cuda", "asks for 0 GPUs (resources.gpu)"]),
     ("heads_do_not_divide_the_width", ["sweep", "dijkstra", "--set", "model.num_heads=5"], {}, ["model", "hidden_size 64 is not a multiple of num_heads 5"]),
     ("odd_head_size_under_rope", ["sweep", "dijkstra", "--set", "model.hidden_size=100"], {}, ["model", "25 per head is odd; RoPE (family qwen2)"]),
+    ("long_size_not_a_number", ["sweep", "dijkstra", "--set", "task.params.long_sizes=[5, a]"], {}, ["--set task.params.long_sizes=[5, a]", "long_sizes: every entry (a n_nodes value) must be an integer >= 2, got 'a'"]),
     ("num_samples_zero", ["sweep", "dijkstra", "--num-samples", "0"], {}, ["--num-samples 0", "num_samples"]),
     ("method_unknown", ["sweep", "dijkstra", "--method", "alg2"], {}, ["--method alg2", "unknown method"]),
     ("method_not_listed", ["sweep", "dijkstra_methods", "--method", "mtp"], {}, ["--method mtp", "not one of them"]),

@@ -157,7 +157,7 @@ class Task:
                 f"got {sizes!r}"
             )
         for s in sizes:
-            self.check_size(s)
+            self.check_size(s, key)
         return tuple(sorted(int(s) for s in sizes))
 
     def _weights(self, sizes: Any, weights: Any) -> tuple[float, ...] | None:
@@ -238,11 +238,11 @@ class Task:
         """The sizes the train, validation and test splits are drawn at (one, or a uniform mix)."""
         return self.train_sizes if self.train_sizes is not None else (self.size,)
 
-    def check_size(self, size: int) -> None:
+    def check_size(self, size: int, key: str | None = None) -> None:
+        """An error unless `size` is a valid size; `key` (e.g. "long_sizes") names the list it is in."""
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < self.min_size:
-            raise UserError(
-                f"task {self.name!r}: {self.size_field} must be an integer >= {self.min_size}, got {size!r}"
-            )
+            what = f"{key}: every entry (a {self.size_field} value)" if key else self.size_field
+            raise UserError(f"task {self.name!r}: {what} must be an integer >= {self.min_size}, got {size!r}")
 
     def long_sizes(self) -> dict[str, int]:
         """Length-generalization splits and their sizes: the explicit `long_sizes` as `test_n<k>`,

@@ -189,8 +189,8 @@ class CLRSTask(Task):
         for size in (*self.in_dist_sizes, *self.long_sizes().values()):
             self.check_size(size)
 
-    def check_size(self, size: int) -> None:
-        super().check_size(size)
+    def check_size(self, size: int, key: str | None = None) -> None:
+        super().check_size(size, key)
         labels = getattr(getattr(self, "params", None), "labels", 0)
         if labels and size > labels:
             raise UserError(

@@ -174,8 +174,8 @@ class Countdown(Task):
     size_field = "n_numbers"
     min_size = 2
 
-    def check_size(self, size: int) -> None:
-        super().check_size(size)
+    def check_size(self, size: int, key: str | None = None) -> None:
+        super().check_size(size, key)
         if size > 8:
             raise UserError(
                 f"task {self.name!r}: n_numbers must be <= 8 (the solver's search grows factorially), got {size}"

@@ -92,8 +92,8 @@ class LegoTask(Task):
         if self.params.trace not in TRACES:
             raise UserError(f"task {self.name!r}: trace must be one of {', '.join(TRACES)}, got {self.params.trace!r}")
 
-    def check_size(self, size: int) -> None:
-        super().check_size(size)
+    def check_size(self, size: int, key: str | None = None) -> None:
+        super().check_size(size, key)
         if size > self.max_size:
             raise UserError(
                 f"task {self.name!r}: {self.size_field} must be <= {self.max_size} "

@@ -95,8 +95,8 @@ class StarGraph(PathTask):
     size_field = "path_len"
     min_size = 3  # at least one inner node, so there is one step
 
-    def check_size(self, size: int) -> None:
-        super().check_size(size)
+    def check_size(self, size: int, key: str | None = None) -> None:
+        super().check_size(size, key)
         p = self.params  # set before Task.__init__ checks the size
         if p.degree < 2:
             raise UserError(f"task {self.name!r}: degree must be >= 2, got {p.degree}")
@@ -165,8 +165,8 @@ class TreeTask(PathTask):
     size_field = "depth"
     min_size = 2  # at least one inner node
 
-    def check_size(self, size: int) -> None:
-        super().check_size(size)
+    def check_size(self, size: int, key: str | None = None) -> None:
+        super().check_size(size, key)
         p = self.params  # set before Task.__init__ checks the size
         if 2 ** (size + 1) - 1 > p.pool:
             raise UserError(

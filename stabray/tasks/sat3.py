@@ -126,8 +126,8 @@ class Sat3(Task):
     size_field = "n_vars"
     min_size = 3
 
-    def check_size(self, size: int) -> None:
-        super().check_size(size)
+    def check_size(self, size: int, key: str | None = None) -> None:
+        super().check_size(size, key)
         p = self.params  # set before Task.__init__ checks the size
         if not p.ratio > 0:
             raise UserError(f"task {self.name!r}: ratio must be > 0, got {p.ratio}")
