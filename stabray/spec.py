@@ -179,6 +179,27 @@ def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
     return out
 
 
+def _trial_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, what is wrong) for a trial config that does not build, or None."""
+    from stabray.methods import get_method
+    from stabray.tasks import get_task
+
+    try:
+        cfg = TrialConfig.model_validate(trial)
+    except ValidationError as e:
+        return validation_problem(e)
+    builds = (
+        ("method.params", lambda: get_method(cfg.method.name, **cfg.method.params)),
+        ("task.params", lambda: get_task(cfg.task.name, **cfg.task.params)),
+    )
+    for field, build in builds:
+        try:
+            build()
+        except (UserError, TypeError) as e:
+            return field, str(e)
+    return None
+
+
 def _describe(dist: Dist, value: Any) -> str:
     kind = dist.kind()
     if kind == "choice":
@@ -226,7 +247,16 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             )
         if p.startswith("model.lora.") and spec.model.lora is None:
             raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")
-    for key, values in sample_points(spec).items():
+    points = sample_points(spec)
+    problem = _trial_problem(base)
+    if problem is not None:  # a spec value that no trial uses (the search always replaces it) is fine
+        filled = copy.deepcopy(base)
+        for key, values in points.items():
+            set_path(filled, space_path(key), values[0])
+        if not points or _trial_problem(filled) is not None:
+            raise SpecError(where, *problem)
+        base = filled  # below, each key's points are checked with the others at their first point
+    for key, values in points.items():
         p = space_path(key)
         dist = spec.search.space[key]
         for v in values:

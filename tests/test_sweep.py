@@ -127,6 +127,22 @@ def test_known_keys_follow_the_models():
     assert known_keys(TrialConfig, ("task", "params")) == []  # free-form: no allowed list to guess from
 
 
+def test_a_spec_value_the_search_always_replaces_is_not_an_error(tmp_path, capsys):
+    """bits: 7 under `method.params` is no valid bit-width, but where bits is searched no trial uses
+    it; where it is not searched, the error names method.params (not a searched key)."""
+    from stabray.spec import load_spec
+
+    lr = {"lr": {"loguniform": [1e-3, 3e-3]}}
+    method = {"name": "alg1", "params": {"lam": 0.5, "bits": 7}}
+    searched = write_spec(tmp_path, method=method, search={"space": {"bits": {"choice": [2, 4]}, **lr}})
+    spec, _ = load_spec(str(searched))
+    assert spec.method.params["bits"] == 7
+    fixed = write_spec(tmp_path, method=method, search={"space": {"bits": None, **lr}})  # null: not searched
+    assert main(["sweep", str(fixed), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "method.params: method 'alg1': bits must be one of" in err and "search.space" not in err
+
+
 def test_unknown_spec_name(capsys):
     assert main(["sweep", "dijkstr"]) == 2
     assert "did you mean dijkstra" in capsys.readouterr().err
