@@ -88,12 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"stabray.commands.{name}").register(sub)
     for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
         ep.load()(sub)
+    parser.set_defaults(commands=sub.choices)  # each command's parser, by name
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's parser, which knows the command's arguments
+        args.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except UserError as e:

@@ -112,6 +112,7 @@ CASES = [
     ("data_out_exists", ["data", "dijkstra", "--out", "x.jsonl"], {"x.jsonl": "mine\n"}, ["x.jsonl", "--force"]),
     ("data_bad_param", ["data", "dijkstra", "--param", "n_nodes=abc"], {}, ["n_nodes must be an integer"]),
     ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'"]),
+    ("data_unknown_flag", ["data", "dijkstra", "--set", "n_nodes=3"], {}, ["stabray data: unrecognized arguments: --set n_nodes=3", "see stabray data --help"]),
     ("data_n_zero", ["data", "dijkstra", "--n", "0"], {}, ["--n must be >= 1"]),
     ("data_n_not_int", ["data", "dijkstra", "--n", "many"], {}, ["--n", "invalid int value: 'many'"]),
     # -- stability: checkpoints
