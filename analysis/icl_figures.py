@@ -94,10 +94,10 @@ def curves_from_run_id(run_id: str, tracking_uri: str | None = None) -> tuple[di
     try:
         ck = checkpoint_dir_of(run_id, tracking_uri)
     except UserError as e:
+        curves = curves_from_mlflow(run_id, tracking_uri)  # no store or no run: that error alone
         print(f"note: {e}; using the run's logged <curve>_T<t> metrics")
-    else:
-        return curves_from_checkpoint(ck), f"checkpoint {ck} (MLflow run {run_id})"
-    return curves_from_mlflow(run_id, tracking_uri), f"MLflow run {run_id} metrics"
+        return curves, f"MLflow run {run_id} metrics"
+    return curves_from_checkpoint(ck), f"checkpoint {ck} (MLflow run {run_id})"
 
 
 def _ray_trial_dir(root: Path, trial_id: str) -> Path | None:

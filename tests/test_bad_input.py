@@ -141,6 +141,7 @@ CASES = [
     ("report_ray_dir_params_list", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None, "d/t0": None, "d/t0/params.json": "[1, 2]"}, ["params.json", "expected a JSON dict"]),
     ("report_out_not_empty", ["report", "--experiment", "x", "--out", "o"], {"o": None, "o/mine.md": "x"}, ["--out o", "--force"]),
     ("report_out_is_file", ["report", "--experiment", "x", "--out", "o"], {"o": "x"}, ["--out o", "a file"]),
+    ("icl_figures_no_store", ["icl-figures", "nope"], {}, ["'nope' is not a directory", "no MLflow store"]),
     ("icl_figures_wrong_task", ["icl-figures", "ck"], lambda d, f: damage(d, f, None, None), ["dijkstra", "icl_linear or icl_quadratic"]),
     ("ui_port_invalid", ["ui", "--port", "70000"], {}, ["--port 70000", "1-65535"]),
     ("ui_port_taken", ["ui", "--port", "{busy}", "--no-wait"], {}, ["127.0.0.1:", "in use", "--port"]),
@@ -335,6 +336,7 @@ def check(case, result) -> None:
     assert all(line.endswith(" ...") for line in lines[:-1]), err[-2000:]
     for frag in fragments:
         assert frag in lines[-1], (frag, lines[-1])
+    assert lines[-1].removeprefix("error: ") not in out, out[-2000:]  # said once, not also as a note
     assert after == before, f"files changed on the way to the error: {set(after) ^ set(before)}"
 
 
