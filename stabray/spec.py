@@ -16,7 +16,6 @@ from stabray.config import (
     MethodEntry,
     SweepSpec,
     TrialConfig,
-    format_validation_error,
     read_yaml,
     set_path,
     validation_problem,
@@ -209,7 +208,7 @@ def _describe(dist: Dist, value: Any) -> str:
 
 def validate_semantics(spec: SweepSpec, path: Path) -> None:
     """Names exist, every searched value builds a valid trial; errors name the field and the file."""
-    from stabray.methods import METHODS, get_method
+    from stabray.methods import METHODS
     from stabray.tasks import TASKS, get_task
 
     where = str(path)
@@ -262,21 +261,9 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
         for v in values:
             trial = copy.deepcopy(base)
             set_path(trial, p, v)
-            try:
-                cfg = TrialConfig.model_validate(trial)
-                get_method(cfg.method.name, **cfg.method.params)
-                get_task(cfg.task.name, **cfg.task.params)
-            except ValidationError as e:
-                raise SpecError(
-                    where, f"search.space.{key}", f"{_describe(dist, v)}: " + format_validation_error(e, "trial")
-                ) from None
-            except (UserError, TypeError) as e:
-                raise SpecError(where, f"search.space.{key}", f"{_describe(dist, v)}: {e}") from None
-    if not spec.search.space:
-        try:
-            get_method(spec.method.name, **spec.method.params)
-        except UserError as e:
-            raise SpecError(where, "method.params", str(e)) from None
+            problem = _trial_problem(trial)
+            if problem is not None:
+                raise SpecError(where, f"search.space.{key}", f"{_describe(dist, v)}: {': '.join(problem)}")
     if spec.search.searcher == "grid":
         ranged = [k for k, d in spec.search.space.items() if d.kind() != "choice"]
         if ranged:
