@@ -6,8 +6,9 @@ class UserError(ValueError):
 
 
 class SpecError(UserError):
-    """A sweep spec that does not validate; the message names the field and the file."""
+    """A sweep spec that does not validate; the message names the field and the file. `related`: other
+    fields the problem is about (a conflict between two), for saying which `--set` caused it."""
 
-    def __init__(self, path: str, field: str, problem: str):
-        self.path, self.field, self.problem = str(path), field, problem
+    def __init__(self, path: str, field: str, problem: str, related: tuple[str, ...] = ()):
+        self.path, self.field, self.problem, self.related = str(path), field, problem, tuple(related)
         super().__init__(f"{self.path}: {field}: {problem}")

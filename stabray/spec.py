@@ -67,10 +67,11 @@ def load_spec(
     try:
         return _validated(raw, path), path
     except SpecError as e:
-        label = next((lab for k, lab in sources.items() if _sets_field(k, e.field)), None)
+        fields = (e.field, *e.related)
+        label = next((lab for k, lab in sources.items() if any(_sets_field(k, f) for f in fields)), None)
         if label is None:
             raise
-        raise SpecError(f"{label} (spec {path})", e.field, e.problem) from None
+        raise SpecError(f"{label} (spec {path})", e.field, e.problem, e.related) from None
 
 
 def _sets_field(key: str, field: str) -> bool:
@@ -93,6 +94,7 @@ def _validated(raw: dict[str, Any], path: Path) -> SweepSpec:
             "device",
             "cuda, but each trial asks for 0 GPUs (resources.gpu) and a Ray trial sees only the GPUs it asks "
             "for; set resources.gpu (e.g. 1), or device: auto",
+            related=("resources.gpu",),
         )
     if spec.methods:
         names = [e if isinstance(e, str) else e.name for e in spec.methods]

@@ -62,6 +62,7 @@ CASES = [
     ("position_option_without_random", ["sweep", "dijkstra", "--set", "model.position_span_min=1"], {}, ["position_span_min applies to positions: random only"]),
     ("random_positions_on_gpt2", ["sweep", "s.yaml"], {"s.yaml": spec(model={"preset": "tiny", "family": "gpt2", "positions": "random"})}, ["s.yaml", "positions 'random' needs family qwen2"]),
     ("cuda_without_a_gpu_request", ["sweep", "dijkstra", "--set", "device=cuda"], {}, ["--set device=cuda", "device: cuda", "asks for 0 GPUs (resources.gpu)"]),
+    ("gpu_request_removed_by_set", ["sweep", "s.yaml", "--set", "resources.gpu=0"], {"s.yaml": spec(device="cuda", resources={"gpu": 1})}, ["--set resources.gpu=0", "device: cuda", "asks for 0 GPUs"]),
     ("heads_do_not_divide_the_width", ["sweep", "dijkstra", "--set", "model.num_heads=5"], {}, ["model", "hidden_size 64 is not a multiple of num_heads 5"]),
     ("odd_head_size_under_rope", ["sweep", "dijkstra", "--set", "model.hidden_size=100"], {}, ["model", "25 per head is odd; RoPE (family qwen2)"]),
     ("long_size_not_a_number", ["sweep", "dijkstra", "--set", "task.params.long_sizes=[5, a]"], {}, ["--set task.params.long_sizes=[5, a]", "long_sizes: every entry (a n_nodes value) must be an integer >= 2, got 'a'"]),

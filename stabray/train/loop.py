@@ -19,8 +19,8 @@ from stabray.tasks.base import Example
 
 
 def pick_device(prefer: str = "auto") -> torch.device:
-    """ "cpu"; "cuda" (an error when torch sees no GPU: never a silent fall back to the CPU); "auto":
-    the GPU when torch sees one, else the CPU."""
+    """The torch device for `prefer`: "cpu"; "cuda" (an error when torch sees no GPU: never a silent
+    fall back to the CPU); "auto": the GPU when torch sees one, else the CPU."""
     if prefer == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
