@@ -14,7 +14,7 @@ skip-wise position training, PoSE, Zhu et al. 2023, does): every distance a test
 (span / training length) or more keeps the evaluation's distances like the training's: on
 LEGO-cyclic (2-3 variables, span 128, mean gap about 3) stride 2 scored 0.575 in distribution where
 stride 1 scored 0.170, the same trained model; on labelled Dijkstra (span 512, mean gap about 7)
-strides 3-4 worked best (README, "Laptop calibration").
+strides 3-4 worked best (docs/calibration.md).
 
 With `model.position_span_min` m, each step first draws its own span uniformly from
 `max(length, m) .. span` and then the subset from `0 .. that span - 1`: the density of positions varies
