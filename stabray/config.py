@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator, model_validator
 
 from stabray.errors import SpecError, UserError
+
+SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"  # the shipped sweep specs
 
 
 class Strict(BaseModel):
@@ -493,7 +496,14 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     for inc in includes:
         inc_path = path.parent / inc
         if not inc_path.exists():
-            raise SpecError(str(path), "include", f"file not found: {inc}")
+            shipped = SWEEPS_DIR / f"{inc}.yaml"
+            hint = (
+                f" (an include is a path relative to this file; the shipped spec {inc!r} is "
+                f"{os.path.relpath(shipped, path.parent)})"
+                if shipped.is_file() and not inc.endswith((".yaml", ".yml"))
+                else ""
+            )
+            raise SpecError(str(path), "include", f"file not found: {inc}{hint}")
         if not inc_path.is_file():
             raise SpecError(str(path), "include", f"not a file: {inc}")
         merged = deep_merge(merged, read_yaml(inc_path, (*seen, path)))

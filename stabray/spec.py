@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from stabray.config import (
     SHORT_NAMES,
+    SWEEPS_DIR,
     Dist,
     MethodCfg,
     MethodEntry,
@@ -23,7 +24,6 @@ from stabray.config import (
 from stabray.errors import SpecError, UserError
 from stabray.record import searchable_metrics
 
-SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
 
 

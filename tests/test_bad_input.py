@@ -79,6 +79,7 @@ CASES = [
     ("spec_unknown_key", ["sweep", "s.yaml"], {"s.yaml": spec(trian={"epochs": 1})}, ["s.yaml", "trian: unknown key; did you mean train?"]),
     ("spec_unknown_task", ["sweep", "s.yaml"], {"s.yaml": spec(task={"name": "dijkstar"})}, ["task.name", "dijkstar"]),
     ("include_missing", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": "nope.yaml"}}, ["include", "nope.yaml"]),
+    ("include_by_spec_name", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": "dijkstra"}}, ["include", "file not found: dijkstra (an include is a path relative to this file; the shipped spec 'dijkstra' is", "sweeps/dijkstra.yaml)"]),
     ("include_number", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": 5}}, ["include", "a file name", "5"]),
     ("include_mapping", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": [{"a": 1}]}}, ["include", "file name"]),
     ("include_folder", ["sweep", "s.yaml"], {"d": None, "s.yaml": {**spec(), "include": "d"}}, ["include", "not a file"]),
