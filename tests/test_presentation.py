@@ -280,6 +280,22 @@ def test_ui_optuna_finds_the_study(tmp_path):
         optuna_study(str(tmp_path / "nope"), "unused")
 
 
+def test_ui_links_name_how_many_experiments_they_leave_out(monkeypatch, capsys):
+    """The start-up links stop at the newest SHOWN experiments and say how many more the list holds."""
+    import stabray.tracking as tracking
+    from stabray.commands import ui
+
+    links = [(f"exp{i}", f"http://h/#/experiments/{i}/runs") for i in range(ui.SHOWN + 3)]
+    monkeypatch.setattr(tracking, "experiment_links", lambda uri, url: links)
+    ui.print_links("sqlite:///x.db", "http://h/")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines[:-1]] == [n for n, _ in links[: ui.SHOWN]]
+    assert lines[-1] == "  ... and 3 older experiments: http://h/#/experiments"
+    monkeypatch.setattr(tracking, "experiment_links", lambda uri, url: links[:2])
+    ui.print_links("sqlite:///x.db", "http://h")
+    assert len(capsys.readouterr().out.splitlines()) == 2  # all shown, no tail line
+
+
 def test_ui_waits_for_an_answer_and_names_a_server_that_never_gives_one():
     """Both servers (MLflow's, optuna-dashboard) share this wait: a server that exits, or one that
     never answers, is a UserError naming it, not a URL printed as if it served."""

@@ -35,16 +35,22 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+SHOWN = 10  # experiment links printed at start-up (newest first)
+
+
 def print_links(uri: str, url: str) -> None:
-    """Each experiment's runs table, in MLflow's model-training view with the sweep's columns."""
+    """Each experiment's runs table, in MLflow's model-training view with the sweep's columns: the
+    SHOWN newest, then how many more the UI's experiment list holds."""
     from stabray.tracking import experiment_links
 
     try:
         links = experiment_links(uri, url)
     except Exception:  # noqa: BLE001 - the links are a convenience; the server runs anyway
         return
-    for name, link in links[:10]:
+    for name, link in links[:SHOWN]:
         print(f"  {name}: {link}", flush=True)
+    if len(links) > SHOWN:
+        print(f"  ... and {len(links) - SHOWN} older experiments: {url.rstrip('/')}/#/experiments", flush=True)
 
 
 @contextlib.contextmanager
