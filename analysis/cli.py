@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+RAY_DIR_HELP = (
+    "read a sweep's Ray Tune folder instead of MLflow: a run folder (stabray_runs/<sweep>-<time>) or the "
+    "storage root (then its newest run of --experiment)"
+)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment = sweep name, e.g. dijkstra")
@@ -44,7 +49,7 @@ def register(subparsers) -> None:
     """Add the `report` subcommand (sets `func(args) -> int`)."""
     p = subparsers.add_parser("report", help="write every table and figure of a sweep into a folder")
     _common(p)
-    p.add_argument("--ray-dir", default=None, help="read a Ray Tune experiment dir instead of MLflow")
+    p.add_argument("--ray-dir", default=None, help=RAY_DIR_HELP)
     p.add_argument("--out", default=None, help="output folder (default ./reports/<experiment>)")
     p.add_argument("--force", action="store_true", help="overwrite the files of an existing --out folder")
     p.add_argument("--no-log", action="store_true", help="do not log the folder to the sweep's parent run")
@@ -78,7 +83,7 @@ def register_rerun(subparsers) -> None:
     _common(p)
     p.add_argument("--seeds", type=int, default=3, help="seeds per configuration in total (paper: 3)")
     p.add_argument("--storage", default=None, help="Ray Tune storage path")
-    p.add_argument("--ray-dir", default=None, help="select from a Ray Tune experiment dir instead of MLflow")
+    p.add_argument("--ray-dir", default=None, help=RAY_DIR_HELP)
     p.add_argument("--dry-run", action="store_true", help="print the plan only")
     p.set_defaults(func=_rerun)
 
@@ -104,7 +109,7 @@ def register_table3_study(subparsers) -> None:
         help="Table 3 of a grid study (e.g. sweeps/table3_dijkstra.yaml): per λ and bits, mean ± std over seeds",
     )
     _common(p)
-    p.add_argument("--ray-dir", default=None, help="read a Ray Tune experiment dir instead of MLflow")
+    p.add_argument("--ray-dir", default=None, help=RAY_DIR_HELP)
     p.add_argument("--out", default=None, help="also write the table (md, tex, csv) into this folder")
     p.set_defaults(func=_table3_study)
 
@@ -133,9 +138,7 @@ def register_icl_figures(subparsers) -> None:
     p.add_argument("--experiment", default=None, help="sweep name: plot its best ICL trial")
     p.add_argument("--task", default=None, help="with --experiment: which ICL task, when the sweep has several")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (sqlite:////abs/mlflow.db)")
-    p.add_argument(
-        "--ray-dir", default=None, help="with --experiment: a sweep's Ray Tune results dir instead of MLflow"
-    )
+    p.add_argument("--ray-dir", default=None, help=RAY_DIR_HELP)
     p.add_argument("--out", default=None, help="folder for the PNGs (default: ./reports/<task>)")
     p.set_defaults(func=_icl_figures)
 

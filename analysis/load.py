@@ -44,18 +44,50 @@ def load_trial_config(run_id: str, experiment: str, tracking_uri: str | None = N
     return Store.existing(tracking_uri, experiment).download_json(run_id, "trial_config.json")
 
 
+def trial_parents(root: Path, experiment: str | None = None) -> list[Path]:
+    """The folders whose subfolders are the trials (`<trial>/params.json`) under `root`: `root` itself
+    (a run folder), each method's folder of a multi-method run (`<run>/<method>/<trial>`), or, given
+    the storage root (`./stabray_runs`) and the sweep's name, those of the newest run
+    `<experiment>-<yyyymmdd-hhmmss>` (or a folder named `<experiment>`) that has trials."""
+    import re
+
+    if any(root.glob("*/params.json")):
+        return [root]
+    if experiment:
+        runs = sorted(d for d in root.iterdir() if d.is_dir() and is_run_of(d.name, experiment))
+        for run in reversed(runs):  # names end in the timestamp: the newest last
+            if found := trial_parents(run):
+                return found
+    # a multi-method run: method folders, not other runs (a storage root holding other sweeps)
+    return sorted(
+        d
+        for d in root.iterdir()
+        if d.is_dir() and not re.search(r"-\d{8}-\d{6}$", d.name) and any(d.glob("*/params.json"))
+    )
+
+
+def is_run_of(name: str, experiment: str) -> bool:
+    """A run folder of sweep `experiment`: `<experiment>-<yyyymmdd-hhmmss>` (stabray's), or the name alone."""
+    import re
+
+    return name == experiment or re.fullmatch(re.escape(experiment) + r"-\d{8}-\d{6}", name) is not None
+
+
 def load_ray(path: str | Path, experiment: str | None = None) -> Loaded:
-    """Read `<path>/<trial dir>/{params.json,result.json}`; `path` may also be the storage root."""
+    """Read the trials (`<trial dir>/{params.json,result.json}`) of a Ray Tune run folder, of every
+    method of a multi-method run, or of the newest run of `experiment` under the storage root."""
     from stabray.errors import UserError
 
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"--ray-dir {path}: " + ("a file, not a directory" if root.exists() else "no such directory"))
-    if not any(root.glob("*/params.json")) and experiment and (root / experiment).is_dir():
-        root = root / experiment
-    if not any(root.glob("*/params.json")):
-        raise UserError(f"--ray-dir {path}: no Ray Tune trials in it (no <trial>/params.json)")
-    records = records_from_ray_dir(root)
+    parents = trial_parents(root, experiment)
+    if not parents:
+        raise UserError(
+            f"--ray-dir {path}: no Ray Tune trials in it (no <trial>/params.json, nor a run "
+            f"{experiment or '<sweep>'}-<yyyymmdd-hhmmss> with them)"
+        )
+    records = [r for parent in parents for r in records_from_ray_dir(parent)]
     configs = {r.trial_id: r.config for r in records}
     return Loaded(trials_frame(records), decomposition_frame(records), None, configs)
 

@@ -45,14 +45,14 @@ TASK_LABELS = {
 }
 REFERENCE_METHOD = "sft_cot"  # EAF reduction factors are relative to SFT-CoT
 # Table 5 always shows these when present, then any other param that varied across trials.
-HPARAMS = ["bits", "optimizer", "lr", "lora_rank", "lam", "latent_steps", "sigma"]
+HPARAMS = ["bits", "optimizer", "lr", "lora_rank", "lam", "latents_per_step", "sigma"]
 HPARAM_LABELS = {
     "bits": "Bits",
     "optimizer": "Optimizer",
     "lr": "Learning rate",
     "lora_rank": "LoRA rank",
     "lam": "λ",
-    "latent_steps": "Latent steps k",
+    "latents_per_step": "Latents per step c",
     "sigma": "σ",
 }
 NOT_HPARAMS = {"task", "method", "seed", "model", "task_version", "trial_id", "run_id", "status", "config_key"}

@@ -10,8 +10,7 @@ Everything that names a trial's numbers lives here, once:
 - `DECOMP_KEYS`: the layout of the eq. (4) stability table (one row per T).
 - `TrialRecord` and `trials_frame(records)`: one typed polars row per trial, whatever the source
   (an MLflow experiment through `stabray.tracking.Store.trial_records`, a Ray Tune experiment
-  directory through `records_from_ray_dir`, a finished `ResultGrid` through
-  `stabray.tune.summary.records_from_grid`).
+  directory through `records_from_ray_dir`).
 
 No Ray and no MLflow here: the training loop, the tracking layer and `analysis/` all import it.
 """
@@ -437,7 +436,7 @@ PARAM_TYPES: dict[str, pl.DataType] = {
     "hidden_size": pl.Int64,  # embedded models only
     "num_layers": pl.Int64,  # embedded models only
     "n_nodes": pl.Int64,
-    "latent_steps": pl.Int64,
+    "latents_per_step": pl.Int64,  # Coconut
     "sigma": pl.Float64,
 }
 # Params left out of `config_key`: trials that differ only in these are seeds of one configuration.

@@ -327,6 +327,42 @@ def test_ray_dir(tmp_path):
     assert st["n"] == 2 and st["mean"] == pytest.approx(0.5)
 
 
+def test_ray_dir_finds_the_newest_run_and_every_method(tmp_path):
+    """Given the storage root and the sweep's name, the trials of its newest run folder
+    (`<sweep>-<yyyymmdd-hhmmss>`, not a sweep whose name only starts the same); a multi-method run
+    folder reads every method's trials (`<run>/<method>/<trial>`)."""
+    from analysis.load import load_ray
+    from stabray.errors import UserError
+
+    def trial(d, trial_id, method, acc):
+        d.mkdir(parents=True)
+        (d / "params.json").write_text(json.dumps({"task": "dijkstra", "method": method, "seed": 0}))
+        line = {
+            "epoch": 1,
+            "val_acc": acc,
+            "test_acc": acc,
+            "training_iteration": 1,
+            "trial_id": trial_id,
+            "done": True,
+        }
+        (d / "result.json").write_text(json.dumps(line) + "\n")
+
+    trial(tmp_path / "dijkstra-20260101-000000" / "t_a", "old", "sft_cot", 0.1)
+    trial(tmp_path / "dijkstra-20260102-000000" / "t_b", "new", "sft_cot", 0.2)
+    trial(tmp_path / "dijkstra-lengthgen-20260103-000000" / "t_c", "other sweep", "sft_cot", 0.3)
+    (tmp_path / "dijkstra-20260104-000000").mkdir()  # a newer run that wrote no trial yet
+    assert load_ray(tmp_path, "dijkstra").trials["trial_id"].to_list() == ["new"]
+    assert load_ray(tmp_path, "dijkstra-lengthgen").trials["trial_id"].to_list() == ["other sweep"]
+    multi = tmp_path / "multi-20260105-000000"
+    trial(multi / "alg1" / "t_d", "a1", "alg1", 0.4)
+    trial(multi / "sft_cot" / "t_e", "s1", "sft_cot", 0.5)
+    for where in (multi, tmp_path):
+        loaded = load_ray(where, "multi")
+        assert sorted(zip(loaded.trials["trial_id"], loaded.trials["method"])) == [("a1", "alg1"), ("s1", "sft_cot")]
+    with pytest.raises(UserError, match="no Ray Tune trials in it .*nope-<yyyymmdd-hhmmss>"):
+        load_ray(tmp_path, "nope")
+
+
 def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     import mlflow  # a hard dependency: never skipped
 
