@@ -28,7 +28,7 @@ class TaskCfg(Strict):
     train_size: int = Field(2000, gt=0)
     val_size: int = Field(200, gt=0)
     test_size: int = Field(200, gt=0)  # also the size of each length-generalization split
-    data_seed: int = 0  # seed of the dataset (independent of the trial's training seed)
+    data_seed: int = Field(0, ge=0, lt=2**32)  # seed of the dataset (independent of the trial's training seed)
     resample_train: bool = False  # draw a fresh training split of train_size every epoch (no memorizing)
 
     @model_validator(mode="after")
@@ -209,7 +209,7 @@ class TrialConfig(Strict):
     method: MethodCfg = MethodCfg(name=DEFAULT_METHOD)
     train: TrainCfg = TrainCfg()
     eval: EvalCfg = EvalCfg()
-    seed: int = 0  # training seed: initialisation, shuffling, step resampling
+    seed: int = Field(0, ge=0, lt=2**32)  # training seed: initialisation, shuffling, step resampling
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str | None = None  # dataset cache; None = $STABRAY_CACHE or ~/.cache/stabray
 
@@ -408,6 +408,9 @@ class MlflowCfg(Strict):
     experiment: str | None = None  # None: the sweep's name
 
 
+NAME_MAX = 100  # a sweep name's length: it names the run folder and the MLflow experiment
+
+
 class SweepSpec(Strict):
     name: str
     description: str = ""
@@ -419,7 +422,7 @@ class SweepSpec(Strict):
     methods: list[str | MethodEntry] | None = None
     train: TrainCfg = TrainCfg()
     eval: EvalCfg = EvalCfg()
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)  # numpy's and Optuna's samplers take 0 .. 2**32 - 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     search: SearchCfg = SearchCfg()
     resources: ResourcesCfg = ResourcesCfg()
@@ -429,8 +432,10 @@ class SweepSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v or "/" in v:
-            raise ValueError("must be a non-empty name without '/'")
+        if not v or "/" in v or not v.isprintable():
+            raise ValueError("must be a non-empty name without '/' or control characters (newline, tab)")
+        if len(v) > NAME_MAX:  # the run folder is <name>-<yyyymmdd-hhmmss>; file names stop at 255 bytes
+            raise ValueError(f"is {len(v)} characters long; at most {NAME_MAX}")
         return v
 
     def trial_base(self) -> dict[str, Any]:

@@ -101,6 +101,12 @@ CASES = [
     ("two_distributions", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"choice": [1e-3], "uniform": [1e-3, 2e-3]}}})}, ["search.space.lr", "exactly one of"]),
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),
+    ("address_not_an_address", ["sweep", "s.yaml", "--address", "garbage"], {"s.yaml": spec()}, ["--address garbage", "not a Ray address", "host:port"]),
+    ("storage_under_a_file", ["sweep", "s.yaml", "--storage", "f/runs"], {"f": "x", "s.yaml": spec()}, ["--storage", "f is a file, not a directory"]),
+    ("storage_s3_without_bucket", ["sweep", "s.yaml", "--storage", "s3://"], {"s.yaml": spec()}, ["--storage s3://", "no bucket in the URI"]),
+    ("seed_negative", ["sweep", "s.yaml", "--set", "seed=-1"], {"s.yaml": spec()}, ["--set seed=-1", "seed", "greater than or equal to 0"]),
+    ("data_seed_too_large", ["sweep", "s.yaml", "--set", "task.data_seed=4294967296"], {"s.yaml": spec()}, ["task.data_seed", "less than 4294967296"]),
+    ("name_too_long", ["sweep", "s.yaml"], {"s.yaml": spec(name="x" * 300)}, ["s.yaml", "name", "300 characters long; at most 100"]),
     ("resume_nothing", ["sweep", "s.yaml", "--resume"], {"s.yaml": spec()}, ["--resume", "no earlier sweep 'bad'"]),
     ("tracking_server_down", ["sweep", "s.yaml", "--tracking-uri", "http://127.0.0.1:1"], {"s.yaml": spec()}, ["cannot reach the MLflow tracking server at http://127.0.0.1:1"]),
     ("tracking_db_not_sqlite", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10, "s.yaml": spec()}, ["m.db", "not an SQLite database"]),

@@ -105,6 +105,9 @@ def open_storage(location: str | None, label: str = "storage") -> Storage:
         root = Path(location.removeprefix("file://")).expanduser().absolute()
         if root.exists() and not root.is_dir():
             raise UserError(f"{label} {root}: a file, not a directory")
+        above = next((p for p in root.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise UserError(f"{label} {root}: {above} is a file, not a directory")
         return Storage(str(root), pafs.LocalFileSystem(), str(root))
     uri = location.rstrip("/")
     try:
@@ -112,6 +115,8 @@ def open_storage(location: str | None, label: str = "storage") -> Storage:
     except (ValueError, OSError) as e:  # an unknown scheme, a malformed URI, a missing region
         raise UserError(f"{label} {location}: {_first_line(e)}") from None
     bucket = path.split("/", 1)[0]
+    if not bucket:
+        raise UserError(f"{label} {location}: no bucket in the URI (s3://BUCKET/prefix)")
     try:
         info = fs.get_file_info(bucket)
     except OSError as e:  # no credentials, access denied, the endpoint does not answer

@@ -151,9 +151,15 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
         ray.init(address="local", **kwargs)
         return "started a local Ray instance"
     if addr and addr != "auto":
+        given = "--address" if address else "RAY_ADDRESS"
+        host, sep, port = addr.split("://", 1)[-1].rpartition(":")
+        if not addr.startswith("ray://") and not (sep and host and port.isdigit()):
+            raise UserError(
+                f"{given} {addr}: not a Ray address; give host:port (e.g. 10.0.0.1:6379), ray://host:port, "
+                "auto (a cluster on this machine) or local (a fresh local instance)"
+            )
         why = unreachable(addr)
         if why:
-            given = "--address" if address else "RAY_ADDRESS"
             raise UserError(
                 f"no Ray cluster answers at {addr} ({given}; {why}); start it, or run on a fresh local "
                 "instance with --address local"
