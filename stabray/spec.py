@@ -65,13 +65,26 @@ def load_spec(
         except UserError as e:
             raise UserError(f"{sources.get(k, k)}: {e}") from None
     try:
-        return _validated(raw, path), path
+        spec = _validated(raw, path)
     except SpecError as e:
         fields = (e.field, *e.related)
         label = next((lab for k, lab in sources.items() if any(_sets_field(k, f) for f in fields)), None)
         if label is None:
             raise
         raise SpecError(f"{label} (spec {path})", e.field, e.problem, e.related) from None
+    for k, v in (overrides or {}).items():  # an override the search would silently replace
+        key = next(
+            (s for s in spec.search.space or {} if k == space_path(s) or k.startswith(space_path(s) + ".")), None
+        )
+        if key is not None and not k.startswith("search."):
+            raise SpecError(
+                f"{sources.get(k, k)} (spec {path})",
+                k,
+                f"the spec searches this field (search.space.{key}), so every trial would replace this value; "
+                f"drop the search with --set search.space.{key}=null, or search one value: "
+                f"--set 'search.space.{key}={{choice: [{v}]}}'",
+            )
+    return spec, path
 
 
 def _sets_field(key: str, field: str) -> bool:

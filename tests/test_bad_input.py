@@ -102,6 +102,7 @@ CASES = [
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),
     ("address_not_an_address", ["sweep", "s.yaml", "--address", "garbage"], {"s.yaml": spec()}, ["--address garbage", "not a Ray address", "host:port"]),
+    ("set_a_searched_field", ["sweep", "dijkstra", "--set", "method.params.lam=0.5"], {}, ["--set method.params.lam=0.5", "searches this field (search.space.lam)", "search.space.lam=null"]),
     ("storage_under_a_file", ["sweep", "s.yaml", "--storage", "f/runs"], {"f": "x", "s.yaml": spec()}, ["--storage", "f is a file, not a directory"]),
     ("storage_s3_without_bucket", ["sweep", "s.yaml", "--storage", "s3://"], {"s.yaml": spec()}, ["--storage s3://", "no bucket in the URI"]),
     ("seed_negative", ["sweep", "s.yaml", "--set", "seed=-1"], {"s.yaml": spec()}, ["--set seed=-1", "seed", "greater than or equal to 0"]),
