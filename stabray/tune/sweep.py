@@ -90,14 +90,21 @@ def ray_loggers() -> list:
     return [JsonLoggerCallback(), CSVLoggerCallback()]
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a Ray address (host:port, :port for this machine, or ray://host:port), or None
+    when it has no port."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    return (host or "127.0.0.1", int(port)) if sep and port.isdigit() else None
+
+
 def unreachable(address: str, timeout_s: float = 3.0) -> str | None:
     """Why nothing accepts a connection at a Ray address (host:port or ray://host:port), or None
     when something does (or the address is not host:port, which Ray itself then judges)."""
-    host, sep, port = address.split("://", 1)[-1].rpartition(":")
-    if not sep or not port.isdigit():
+    hp = host_port(address)
+    if hp is None:
         return None
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        socket.create_connection(hp, timeout=timeout_s).close()
         return None
     except OSError as e:
         return e.strerror or str(e) or type(e).__name__
@@ -152,8 +159,7 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
         return "started a local Ray instance"
     if addr and addr != "auto":
         given = "--address" if address else "RAY_ADDRESS"
-        host, sep, port = addr.split("://", 1)[-1].rpartition(":")
-        if not addr.startswith("ray://") and not (sep and host and port.isdigit()):
+        if not addr.startswith("ray://") and host_port(addr) is None:
             raise UserError(
                 f"{given} {addr}: not a Ray address; give host:port (e.g. 10.0.0.1:6379), ray://host:port, "
                 "auto (a cluster on this machine) or local (a fresh local instance)"
