@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
-from stabray.record import decomposition_frame, records_from_ray_dir, trials_frame
+from stabray.record import decomposition_frame, is_run_folder, records_from_ray_dir, trials_frame
 
 
 @dataclass
@@ -49,8 +49,6 @@ def trial_parents(root: Path, experiment: str | None = None) -> list[Path]:
     (a run folder), each method's folder of a multi-method run (`<run>/<method>/<trial>`), or, given
     the storage root (`./stabray_runs`) and the sweep's name, those of the newest run
     `<experiment>-<yyyymmdd-hhmmss>` (or a folder named `<experiment>`) that has trials."""
-    import re
-
     if any(root.glob("*/params.json")):
         return [root]
     if experiment:
@@ -60,17 +58,13 @@ def trial_parents(root: Path, experiment: str | None = None) -> list[Path]:
                 return found
     # a multi-method run: method folders, not other runs (a storage root holding other sweeps)
     return sorted(
-        d
-        for d in root.iterdir()
-        if d.is_dir() and not re.search(r"-\d{8}-\d{6}$", d.name) and any(d.glob("*/params.json"))
+        d for d in root.iterdir() if d.is_dir() and not is_run_folder(d.name) and any(d.glob("*/params.json"))
     )
 
 
 def is_run_of(name: str, experiment: str) -> bool:
     """A run folder of sweep `experiment`: `<experiment>-<yyyymmdd-hhmmss>` (stabray's), or the name alone."""
-    import re
-
-    return name == experiment or re.fullmatch(re.escape(experiment) + r"-\d{8}-\d{6}", name) is not None
+    return name == experiment or is_run_folder(name, experiment)
 
 
 def load_ray(path: str | Path, experiment: str | None = None) -> Loaded:

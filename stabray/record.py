@@ -593,6 +593,27 @@ def decomposition_frame(records: list[TrialRecord]) -> pl.DataFrame:
 
 # ----------------------------------------------------------------------------------- Ray Tune dirs
 
+# A sweep's run folder under the storage root: `<sweep>-<yyyymmdd-hhmmss>` (the sweep writes it, `--resume`
+# and `analysis --ray-dir` find it again). One definition, so the writer and the readers cannot drift apart.
+_RUN_STAMP = "%Y%m%d-%H%M%S"
+_RUN_SUFFIX = r"-\d{8}-\d{6}"
+
+
+def run_folder(sweep: str, when: float | None = None) -> str:
+    """The run folder name of sweep `sweep` started at `when` (seconds since the epoch; default now)."""
+    import time
+
+    return f"{sweep}-{time.strftime(_RUN_STAMP, time.localtime(when))}"
+
+
+def is_run_folder(name: str, sweep: str | None = None) -> bool:
+    """Whether `name` is a run folder (`<sweep>-<yyyymmdd-hhmmss>`), of sweep `sweep` when given: a sweep
+    named `dijkstra` does not claim the runs of a sweep named `dijkstra-2x`."""
+    if sweep is None:
+        return re.search(_RUN_SUFFIX + "$", name) is not None
+    return re.fullmatch(re.escape(sweep) + _RUN_SUFFIX, name) is not None
+
+
 BUNDLE = "trial_config"  # a Ray param space may hold whole trial configs under this key (a grid over configs)
 
 

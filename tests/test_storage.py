@@ -199,3 +199,23 @@ def test_a_tracking_server_that_never_answers_is_unreachable_within_the_timeout(
             check_store(uri, create=True)
     finally:
         srv.close()
+
+
+def test_runs_of_a_sweep_are_only_its_own_run_folders(tmp_path):
+    """`--resume dijkstra` must not pick the run of a sweep named `dijkstra-2x` (whose folder also starts
+    with `dijkstra-2`), nor a folder that only looks like a run."""
+    from stabray.record import is_run_folder, run_folder
+
+    st = open_storage(str(tmp_path))
+    for name in (
+        "dijkstra-20260101-000000",
+        "dijkstra-2x-20270101-000000",
+        "dijkstra-2026",
+        "dijkstra-20260102-000000",
+    ):
+        (tmp_path / name).mkdir()
+    assert st.runs("dijkstra") == ["dijkstra-20260101-000000", "dijkstra-20260102-000000"]
+    assert st.runs("dijkstra-2x") == ["dijkstra-2x-20270101-000000"]
+    made = run_folder("dijkstra", 0.0)
+    assert is_run_folder(made, "dijkstra") and not is_run_folder(made, "dijkstra-2")
+    assert is_run_folder(made) and not is_run_folder("dijkstra")

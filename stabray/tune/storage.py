@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stabray.errors import UserError
+from stabray.record import is_run_folder
 
 DEFAULT = "stabray_runs"
 INFO_FILE = "stabray_sweep.json"  # beside Ray's experiment state: the MLflow parent run and store
@@ -78,7 +79,7 @@ class Storage:
 
         infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True, recursive=False))
         names = [i.base_name for i in infos if i.type == pafs.FileType.Directory]
-        return sorted(n for n in names if n.startswith(f"{name}-2"))
+        return sorted(n for n in names if is_run_folder(n, name))
 
     def latest_run(self, name: str) -> str | None:
         found = self.runs(name)

@@ -8,7 +8,6 @@ import copy
 import os
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from ray import tune
 
 from stabray.config import SweepSpec, set_path
 from stabray.errors import UserError
-from stabray.record import BUNDLE
+from stabray.record import BUNDLE, run_folder
 from stabray.spec import space_path
 from stabray.tasks import TASKS
 from stabray.tracking import Store, check_store, resolve_tracking_uri
@@ -378,7 +377,7 @@ def run_sweep(
         saved = results.read_json(f"{run}/{INFO_FILE}")
         uri, experiment = saved["tracking_uri"], saved["experiment"]
     else:
-        run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run = run_folder(spec.name)
     quiet_logs(verbose)
     # Everything that can fail does so before anything is created: no store, no results folder.
     check_store(uri, create=True)  # a server that does not answer, a damaged database: before Ray starts
@@ -633,7 +632,7 @@ def run_configs(
     store = Store(uri, experiment)
     init_ray(address)
     results = open_storage(storage)
-    run = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = run_folder(name)
     parent = store.start_parent(name, run, {"configs": configs})
     cb = MLflowTuneCallback(uri, experiment, parent)
     epochs = max(int(c.get("train", {}).get("epochs") or 1) for c in configs)
