@@ -435,6 +435,19 @@ def resolve_spec(name: str, seeds: int, tracking_uri: str | None) -> SpecPlan:
     )
 
 
+def check_places(specs: list[SpecPlan], storage: str | None) -> None:
+    """The tracking stores and the storage the study would use, checked as a sweep checks them before
+    Ray starts (a URI MLflow cannot open, a damaged database, a server that does not answer, a storage
+    path under a file, a missing bucket): in the plan, a dry run included, not after the first sweep."""
+    from stabray.tracking import check_store
+    from stabray.tune.storage import open_storage
+
+    for uri in dict.fromkeys(sp.tracking_uri for sp in specs):
+        check_store(uri, create=True)
+    for location in dict.fromkeys([storage] if storage else [sp.spec.storage for sp in specs]):
+        open_storage(location, "--storage" if storage else "storage")
+
+
 def finished_sweep(uri: str, experiment: str, sweep: str, min_trials: int) -> tuple[dict | None, str]:
     """The newest finished sweep of `sweep` in the store (parent FINISHED, no trial running, at least
     `min_trials` trials), or None, and a note saying what the store holds. Creates nothing."""
@@ -644,6 +657,7 @@ def reproduce(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: a file, not a directory")
     specs = [resolve_spec(name, seeds, tracking_uri) for name in plan.specs]  # every spec error first
+    check_places(specs, storage)
     for sp in specs:
         sp.reuse, sp.store_note = finished_sweep(sp.tracking_uri, sp.experiment, sp.spec.name, sp.trials)
     print(format_plan(st, profile, plan, specs, seeds, out), flush=True)

@@ -37,7 +37,11 @@ def register(sub) -> None:
         metavar="KEY=VALUE",
         help="override a spec field, e.g. --set train.epochs=2 --set search.num_samples=4",
     )
-    p.add_argument("--dry-run", action="store_true", help="validate and print the resolved spec, run nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the spec, the tracking store and the storage, print the resolved spec, run nothing",
+    )
     p.add_argument(
         "-v",
         "--verbose",
@@ -83,7 +87,12 @@ def run(args) -> int:
         method["search.space"] = {k: d for k, d in method["search.space"].items() if space_path(k) not in mine}
         overrides = {**method, **overrides}
     spec, path = load_spec(args.spec, overrides, sources)  # every error here exits 2, before Ray starts
-    if args.dry_run:
+    if args.dry_run:  # the store and the storage too: what a real run would check before Ray starts
+        from stabray.tracking import check_store, resolve_tracking_uri
+        from stabray.tune.storage import open_storage
+
+        check_store(resolve_tracking_uri(args.tracking_uri, spec.mlflow.tracking_uri), create=True)
+        open_storage(args.storage or spec.storage, "--storage" if args.storage else "storage")
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         return 0
     from stabray.tracking import Store

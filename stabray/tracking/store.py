@@ -62,10 +62,38 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 REACH_TIMEOUT_S = 3.0  # how long a tracking server may take to answer before we call it unreachable
 
 
+# The URI schemes MLflow 3 opens a tracking store for (its built-in stores; a database URI may name its
+# driver, `postgresql+psycopg2://`), and those that installed plugins add (entry points
+# `mlflow.tracking_store`, MLflow's documented plugin mechanism).
+MLFLOW_SCHEMES = (
+    *("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql"),
+    *("databricks", "databricks-uc", "uc"),
+)
+
+
+def store_schemes() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return set(MLFLOW_SCHEMES) | {ep.name for ep in entry_points(group="mlflow.tracking_store")}
+
+
+def check_scheme(uri: str) -> None:
+    """A tracking URI whose scheme MLflow has no store for: one line naming it and the ones it has."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else uri
+    if scheme not in store_schemes():
+        raise UserError(
+            f"tracking store {uri}: MLflow has no store for {scheme!r} URIs (it has sqlite:///<file>, "
+            "http(s)://<host>:<port>, postgresql://, mysql://, mssql://, file:, databricks; a bare path is a "
+            "sqlite database)"
+        )
+
+
 def check_store(uri: str, *, create: bool) -> None:
-    """Fail fast, creating nothing, when a tracking store cannot be used: a sqlite path that is a
-    folder, not a database, or (`create=False`) missing, or in a folder that does not exist; an
-    HTTP(S) server that does not answer within REACH_TIMEOUT_S (MLflow itself retries for minutes)."""
+    """Fail fast, creating nothing, when a tracking store cannot be used: a URI scheme MLflow has no
+    store for; a sqlite path that is a folder, not a database, or (`create=False`) missing, or in a
+    folder that does not exist; an HTTP(S) server that does not answer within REACH_TIMEOUT_S (MLflow
+    itself retries for minutes)."""
+    check_scheme(uri)
     db = sqlite_path(uri)
     if db is not None:
         if db.is_dir():
@@ -131,6 +159,11 @@ class Store:
         except (MlflowException, SQLAlchemyError) as e:  # a damaged database, a server that refuses us
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"cannot open the MLflow store {tracking_uri}: {first}") from None
+        except ImportError as e:  # postgresql:// or mysql:// without its database driver installed
+            raise UserError(
+                f"cannot open the MLflow store {tracking_uri}: its database driver is not installed "
+                f"(no module {e.name!r}; pip install it)"
+            ) from None
         if exp is None and not create:
             names = [e.name for e in self.client.search_experiments()]
             raise UserError(f"no MLflow experiment {experiment!r} at {tracking_uri}; available: {names}")

@@ -374,7 +374,7 @@ def run_sweep(
         run = results.latest_run(spec.name)
         if run is None or not results.exists(f"{run}/{INFO_FILE}"):
             raise UserError(f"--resume: no earlier sweep {spec.name!r} under {results.uri}")
-        saved = results.read_json(f"{run}/{INFO_FILE}")
+        saved = read_saved(results, run)
         uri, experiment = saved["tracking_uri"], saved["experiment"]
     else:
         run = run_folder(spec.name)
@@ -389,6 +389,26 @@ def run_sweep(
         except KeyboardInterrupt:  # a second signal, or one before Ray Tune ran
             ray.shutdown()
             raise
+
+
+def read_saved(results: Storage, run: str) -> dict[str, Any]:
+    """The run's INFO_FILE (its MLflow store, experiment, parent and method runs), checked: a file that is
+    damaged or not stabray's is one error naming it, before Ray starts, with the run's results untouched."""
+    path = f"{results.uri.rstrip('/')}/{run}/{INFO_FILE}"
+    try:
+        saved = results.read_json(f"{run}/{INFO_FILE}")
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise UserError(f"--resume: {path} is damaged (not JSON: {e}); the run cannot be continued") from None
+    wanted = {"tracking_uri": str, "experiment": str, "parent_run_id": str, "groups": dict}
+    bad = [k for k, t in wanted.items() if not isinstance(saved, dict) or not isinstance(saved.get(k), t)]
+    if not bad and not all(isinstance(k, str) and isinstance(v, str) for k, v in saved["groups"].items()):
+        bad = ["groups"]
+    if bad:
+        raise UserError(
+            f"--resume: {path} is not a stabray sweep record (missing or wrong: {', '.join(bad)}); "
+            "the run cannot be continued"
+        )
+    return saved
 
 
 def local_trials(address: str | None) -> bool:
