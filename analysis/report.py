@@ -36,11 +36,22 @@ def build_report(
         raise UserError(f"--out {out}: the folder holds files already; pass --force to overwrite them")
     from stabray.progress import stage
 
-    front_of = objectives_of(objectives) if objectives else None  # a bad flag fails before anything is read
+    front_of = flag_objectives(objectives) if objectives else None  # a bad flag fails before anything is read
     loaded = load(experiment, tracking_uri, ray_dir)  # reading MLflow reports its own progress
+    trials, decomp = loaded.trials, loaded.decomposition
+    if trials.is_empty():  # tables of nothing would read as a result
+        where = f"--ray-dir {ray_dir}" if ray_dir else f"experiment {experiment!r}"
+        raise UserError(f"{where}: no trials to report (the sweep ran none, or is still starting)")
+    if front_of is not None:
+        unknown = [m for m, _ in front_of if m not in trials.columns]
+        if unknown:
+            numeric = sorted(c for c, t in trials.schema.items() if t.is_numeric() and c not in ("seed",))
+            raise UserError(
+                f"--objectives {objectives}: no trial logged {', '.join(unknown)}; the trials have: "
+                + ", ".join(numeric)
+            )
     front_of = front_of or objectives_of(loaded.objectives)
     out.mkdir(parents=True, exist_ok=True)
-    trials, decomp = loaded.trials, loaded.decomposition
     with stage(f"tables and figures of {trials.height} trials into {out}"):
         tables = all_tables(trials, decomp, rule)
         tables.append(pareto_table(trials, front_of))
@@ -81,6 +92,18 @@ def build_report(
             Store.existing(tracking_uri, experiment).log_artifacts(loaded.parent_run_id, out, "report")
     print(f"report: wrote {len(tables)} tables and {len(figures)} figures to {out}")
     return out
+
+
+def flag_objectives(text: str) -> list:
+    """The `--objectives` flag, strictly: two or more METRIC:max|min (a sweep's own single recorded
+    objective falls back to the default front; a flag the user typed does not)."""
+    from stabray.errors import UserError
+    from stabray.pareto import parse_objectives
+
+    try:
+        return parse_objectives(text)
+    except ValueError as e:
+        raise UserError(f"--objectives {text}: {e}") from None
 
 
 STATUS_WORDS = {  # status -> how the report counts it

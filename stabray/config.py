@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,8 +20,23 @@ from stabray.errors import SpecError, UserError
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"  # the shipped sweep specs
 
 
+def _numeric(annotation: Any) -> bool:
+    """A number field (int or float, optional or not), and not one that also takes a bool."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    kinds = set(args) if args else {annotation}
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, v: Any, info) -> Any:
+        """`epochs: true` is a slip, not 1: pydantic's lax mode would read a bool as the number 0 or 1."""
+        if isinstance(v, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, got {str(v).lower()}")
+        return v
 
 
 class TaskCfg(Strict):
@@ -109,7 +126,7 @@ class ModelCfg(Strict):
     @model_validator(mode="after")
     def _positions(self):
         """The position options' combinations, checked when the spec is read."""
-        problem = position_options_problem(self) or shape_problem(self)
+        problem = position_options_problem(self) or shape_problem(self) or pretrained_problem(self)
         if problem:
             raise ValueError(problem)
         return self
@@ -136,6 +153,21 @@ def shape_problem(m: ModelCfg) -> str | None:
         return f"hidden_size {h} is not a multiple of num_heads {n} (preset {m.preset!r} and overrides)"
     if m.family == "qwen2" and (h // n) % 2:
         return f"hidden_size / num_heads = {h // n} per head is odd; RoPE (family qwen2) needs an even head size"
+    return None
+
+
+def pretrained_problem(m: ModelCfg) -> str | None:
+    """What is wrong with `pretrained` / `lora`, or None: a local path (one that starts with /, ./, ../
+    or ~; anything else is read as a Hugging Face hub name) must be a model directory on this machine,
+    and LoRA adapts a pretrained model only (the embedded decoder always trains all its weights, so a
+    `lora` section there would only add a LoRA-rank search with no effect)."""
+    if m.pretrained is not None and m.pretrained.startswith(("/", "./", "../", "~")):
+        where = Path(m.pretrained).expanduser()
+        if not where.is_dir():
+            what = "a file, not a model directory" if where.exists() else "no such directory"
+            return f"pretrained {m.pretrained}: {what} (a local path; a hub name has no leading / . or ~)"
+    if m.lora is not None and m.pretrained is None:
+        return "lora applies to a pretrained model (model.pretrained); the embedded decoder trains all its weights"
     return None
 
 
@@ -481,6 +513,32 @@ def read_text(path: Path, what: str = "file") -> str:
         raise UserError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML 1.2 forbids it; PyYAML
+    silently keeps the last, so `epochs: 80` above `epochs: 8` would be lost without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                first = seen[key]
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice (first on line {first.line + 1})",
+                    key_node.start_mark,
+                )
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as yaml.safe_load reads it, except that a key given twice in one mapping is an error."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """A spec file with its `include:` chain resolved (paths relative to the including file)."""
     path = path.resolve()
@@ -488,7 +546,7 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise SpecError(str(path), "include", "include cycle")
     text = read_text(path, "sweep spec")
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
         raise SpecError(str(path), "(file)", f"not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):

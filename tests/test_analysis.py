@@ -448,6 +448,15 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     logged = {a.path for a in client.list_artifacts(pid, "report")}
     assert "report/table1_accuracy.md" in logged
 
+    # a front over a metric no trial logged: an error naming it and what the trials have, no folder
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match=r"no trial logged val_acc_typo; the trials have: .*best_val_acc"):
+        build_report("dijkstra", uri, out=tmp_path / "r2", objectives="val_acc_typo:max,val_eaf:min")
+    assert not (tmp_path / "r2").exists()
+    front = build_report("dijkstra", uri, out=tmp_path / "r3", objectives="test_acc:max,test_eaf:min")
+    assert "Pareto front of test_acc (max), test_eaf (min)" in (front / "pareto_front.md").read_text()
+
 
 def test_report_from_ray_dir_through_cli_register(tmp_path):
     import argparse

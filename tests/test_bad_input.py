@@ -102,6 +102,11 @@ CASES = [
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),
     ("address_not_an_address", ["sweep", "s.yaml", "--address", "garbage"], {"s.yaml": spec()}, ["--address garbage", "not a Ray address", "host:port"]),
+    ("bool_as_a_number", ["sweep", "dijkstra", "--set", "train.epochs=true"], {}, ["--set train.epochs=true", "train.epochs: must be a number, got true"]),
+    ("spec_duplicate_key", ["sweep", "s.yaml"], {"s.yaml": "name: x\ntask: {name: dijkstra}\ntrain:\n  epochs: 80\n  epochs: 8\n"}, ["s.yaml", "found the key 'epochs' twice (first on line 4)", "line 5"]),
+    ("set_duplicate_key", ["sweep", "dijkstra", "--set", "train={epochs: 2, epochs: 3}"], {}, ["--set train=", "found the key 'epochs' twice"]),
+    ("pretrained_path_missing", ["sweep", "dijkstra", "--set", "model.pretrained=/nonexistent/model"], {}, ["--set model.pretrained=/nonexistent/model", "no such directory"]),
+    ("lora_on_the_embedded_model", ["sweep", "dijkstra", "--set", "model.lora={rank: 4}"], {}, ["model: lora applies to a pretrained model"]),
     ("set_a_searched_field", ["sweep", "dijkstra", "--set", "method.params.lam=0.5"], {}, ["--set method.params.lam=0.5", "searches this field (search.space.lam)", "search.space.lam=null"]),
     ("storage_under_a_file", ["sweep", "s.yaml", "--storage", "f/runs"], {"f": "x", "s.yaml": spec()}, ["--storage", "f is a file, not a directory"]),
     ("storage_s3_without_bucket", ["sweep", "s.yaml", "--storage", "s3://"], {"s.yaml": spec()}, ["--storage s3://", "no bucket in the URI"]),
@@ -154,6 +159,9 @@ CASES = [
     ("reproduce_dry_run_checks_the_store", ["reproduce", "table1", "--dry-run", "--tracking-uri", "foo://bar"], {}, ["no store for 'foo' URIs"]),
     ("reproduce_dry_run_checks_the_storage", ["reproduce", "table1", "--dry-run", "--storage", "f/runs"], {"f": "x"}, ["--storage", "f is a file, not a directory"]),
     ("report_unknown_experiment", ["report", "--experiment", "nosuch", "--tracking-uri", "{F}/store.db"], {}, ["no MLflow experiment 'nosuch'"]),
+    ("report_no_trials", ["report", "--experiment", "exists", "--tracking-uri", "{F}/store.db"], {}, ["experiment 'exists': no trials to report"]),
+    ("report_objectives_one", ["report", "--experiment", "exists", "--tracking-uri", "{F}/store.db", "--objectives", "foo"], {}, ["--objectives foo", "expected METRIC:max or METRIC:min"]),
+    ("report_objectives_single", ["report", "--experiment", "exists", "--tracking-uri", "{F}/store.db", "--objectives", "val_acc:max"], {}, ["--objectives val_acc:max", "at least two objectives"]),
     ("report_store_not_sqlite", ["report", "--experiment", "x", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10}, ["not an SQLite database"]),
     ("report_ray_dir_missing", ["report", "--experiment", "x", "--ray-dir", "nowhere"], {}, ["--ray-dir nowhere", "no such directory"]),
     ("report_ray_dir_empty", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None}, ["--ray-dir d", "no Ray Tune trials"]),
@@ -163,6 +171,9 @@ CASES = [
     ("report_out_is_file", ["report", "--experiment", "x", "--out", "o"], {"o": "x"}, ["--out o", "a file"]),
     ("icl_figures_no_store", ["icl-figures", "nope"], {}, ["'nope' is not a directory", "no MLflow store"]),
     ("icl_figures_wrong_task", ["icl-figures", "ck"], lambda d, f: damage(d, f, None, None), ["dijkstra", "icl_linear or icl_quadratic"]),
+    ("ui_optuna_not_sqlite", ["ui", "--optuna", "x.db", "--no-wait"], {"x.db": "garbage" * 10}, ["--optuna x.db", "not an SQLite database"]),
+    ("ui_optuna_not_a_study", ["ui", "--optuna", "x.db", "--no-wait"], lambda d, f: sqlite_without_studies(d / "x.db"), ["--optuna x.db", "without an Optuna study"]),
+    ("ui_host_not_an_address", ["ui", "--host", "999.1.1.1", "--no-wait"], {}, ["--host 999.1.1.1", "not a host name or address"]),
     ("ui_port_invalid", ["ui", "--port", "70000"], {}, ["--port 70000", "1-65535"]),
     ("ui_port_taken", ["ui", "--port", "{busy}", "--no-wait"], {}, ["127.0.0.1:", "in use", "--port"]),
     ("tasks_unknown", ["tasks", "dijkstar"], {}, ["unknown task 'dijkstar'"]),
@@ -191,6 +202,14 @@ def edit_config(case: Path, fx: Path, **change) -> None:
     damage(case, fx, None, None)
     f = case / "ck" / "trial_config.json"
     f.write_text(json.dumps({**json.loads(f.read_text()), **change}))
+
+
+def sqlite_without_studies(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as con:
+        con.execute("create table t (x)")
+    con.close()
 
 
 def crafted_checkpoint(case: Path, fx: Path) -> None:

@@ -53,7 +53,7 @@ def register(sub) -> None:
 
 def parse_overrides(args) -> tuple[dict, dict]:
     """(overrides {dotted path: value}, sources {dotted path: the flag that set it, for errors})."""
-    from stabray.config import yaml_problem
+    from stabray.config import load_yaml, yaml_problem
     from stabray.errors import UserError
 
     out, sources = {}, {}
@@ -62,7 +62,7 @@ def parse_overrides(args) -> tuple[dict, dict]:
         if not sep or not k.strip():
             raise UserError(f"--set {item!r}: expected KEY=VALUE")
         try:
-            out[k] = yaml.safe_load(v)
+            out[k] = load_yaml(v)
         except yaml.YAMLError as e:
             raise UserError(f"--set {item}: the value is not valid YAML: {yaml_problem(e)}") from None
         sources[k] = f"--set {item}"

@@ -5,6 +5,7 @@ dashboard on a sweep's study instead (`<run dir>/optuna.db`, beside the Ray resu
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -130,11 +131,34 @@ def optuna_study(target: str, storage: str) -> Path:
             if not found:
                 raise UserError(f"--optuna: no Optuna study at {db}")
             db = found[0]
-        return db
+        return checked_study(db)
     found = sorted(Path(storage).glob("*/optuna.db")) + sorted(Path(storage).glob("*/*/optuna.db"))
     if not found:
         raise UserError(f"--optuna: no sweep with an Optuna study under {Path(storage).absolute()} (see --storage)")
-    return max(found, key=lambda q: q.stat().st_mtime)
+    return checked_study(max(found, key=lambda q: q.stat().st_mtime))
+
+
+def checked_study(db: Path) -> Path:
+    """`db` if it is a file holding an Optuna study (optuna-dashboard would otherwise start, fail on it
+    and print its own traceback): an SQLite database with Optuna's `studies` table."""
+    import sqlite3
+
+    from stabray.errors import UserError
+    from stabray.tracking.store import SQLITE_HEADER
+
+    if db.is_dir():
+        raise UserError(f"--optuna {db}: a directory, not an Optuna database")
+    with open(db, "rb") as f:
+        if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+            raise UserError(f"--optuna {db}: not an SQLite database (a damaged or another file)")
+    try:
+        with sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True) as con:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+    except sqlite3.Error as e:
+        raise UserError(f"--optuna {db}: cannot read the database ({e})") from None
+    if "studies" not in tables:
+        raise UserError(f"--optuna {db}: an SQLite database without an Optuna study (no table 'studies')")
+    return db
 
 
 def run_optuna(args) -> int:
@@ -165,7 +189,16 @@ def check_port(host: str, port: int) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: only a listener blocks us
         try:
             s.bind((host, port))
+        except socket.gaierror as e:  # a name that does not resolve, an address that is not one
+            raise UserError(f"--host {host}: not a host name or address ({e.strerror or e})") from None
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise UserError(
+                    f"--host {host}: not an address of this machine (use 127.0.0.1, 0.0.0.0 for every "
+                    "interface, or one of this machine's addresses)"
+                ) from None
+            if e.errno == errno.EACCES:
+                raise UserError(f"cannot serve on {host}:{port}: permission denied (pass --port above 1023)") from None
             raise UserError(
                 f"cannot serve on {host}:{port} ({e.strerror or e}): another program (another MLflow UI?) "
                 "uses it; pass --port with a free port"
