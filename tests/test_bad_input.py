@@ -65,7 +65,7 @@ CASES = [
     ("gpu_request_removed_by_set", ["sweep", "s.yaml", "--set", "resources.gpu=0"], {"s.yaml": spec(device="cuda", resources={"gpu": 1})}, ["--set resources.gpu=0", "device: cuda", "asks for 0 GPUs"]),
     ("heads_do_not_divide_the_width", ["sweep", "dijkstra", "--set", "model.num_heads=5"], {}, ["model", "hidden_size 64 is not a multiple of num_heads 5"]),
     ("odd_head_size_under_rope", ["sweep", "dijkstra", "--set", "model.hidden_size=100"], {}, ["model", "25 per head is odd; RoPE (family qwen2)"]),
-    ("long_size_not_a_number", ["sweep", "dijkstra", "--set", "task.params.long_sizes=[5, a]"], {}, ["--set task.params.long_sizes=[5, a]", "long_sizes: every entry (a n_nodes value) must be an integer >= 2, got 'a'"]),
+    ("long_size_not_a_number", ["sweep", "dijkstra", "--set", "task.params.long_sizes=[5, a]"], {}, ["--set task.params.long_sizes=[5, a]", "long_sizes: every entry (a n_nodes value) must be an integer in 2..1000, got 'a'"]),
     ("num_samples_zero", ["sweep", "dijkstra", "--num-samples", "0"], {}, ["--num-samples 0", "num_samples"]),
     ("method_unknown", ["sweep", "dijkstra", "--method", "alg2"], {}, ["--method alg2", "unknown method"]),
     ("method_not_listed", ["sweep", "dijkstra_methods", "--method", "mtp"], {}, ["--method mtp", "not one of them"]),
@@ -133,6 +133,7 @@ CASES = [
     ("data_bad_param", ["data", "dijkstra", "--param", "n_nodes=abc"], {}, ["n_nodes must be an integer"]),
     ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'"]),
     ("data_unknown_flag", ["data", "dijkstra", "--set", "n_nodes=3"], {}, ["stabray data: unrecognized arguments: --set n_nodes=3", "see stabray data --help"]),
+    ("data_size_too_large", ["data", "dijkstra", "--param", "n_nodes=100000"], {}, ["n_nodes must be an integer in 2..1000, got 100000"]),
     ("data_n_zero", ["data", "dijkstra", "--n", "0"], {}, ["--n must be >= 1"]),
     ("data_n_not_int", ["data", "dijkstra", "--n", "many"], {}, ["--n", "invalid int value: 'many'"]),
     # -- stability: checkpoints

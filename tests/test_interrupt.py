@@ -10,8 +10,10 @@ import argparse
 import math
 import os
 import signal
+import threading
 
 import pytest
+import yaml
 
 from stabray.tune.interrupt import GracefulStop
 
@@ -105,6 +107,53 @@ def test_kill_running_marks_the_sweep_and_its_running_trials(store):
     for r in (parent, running[0], done):  # --resume: what was KILLED runs again; nothing else changes
         store.reopen(r)
     assert [store.status(r) for r in (parent, running[0], done)] == ["RUNNING", "RUNNING", "FINISHED"]
+
+
+def test_a_crashed_sweep_ends_failed_and_resume_reopens_it(store):
+    parent = store.start_parent("x", "x-1", {})
+    trial = store.start_child(parent, "t0", "t0", {"lr": 1}, {}, {})
+    assert set(store.kill_running({parent}, status="FAILED")) == {parent, trial}
+    assert [store.status(r) for r in (parent, trial)] == ["FAILED", "FAILED"]
+    store.reopen(parent)
+    assert store.status(parent) == "RUNNING"
+
+
+def test_sweep_driver_crash_ends_the_parent_failed(tmp_path, monkeypatch):
+    """An exception in the driver after the parent run exists (here: in place of Ray Tune's fit) ends
+    the parent FAILED, not RUNNING for ever, and is raised as it was."""
+    import ray
+
+    from stabray.spec import load_spec
+    from stabray.tracking import Store
+    from stabray.tune import sweep
+
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(
+        yaml.safe_dump(
+            {"name": "crash", "task": {"name": "dijkstra", "params": {"n_nodes": 4}}, "model": {"preset": "tiny"}}
+        )
+    )
+    spec, path = load_spec(str(spec_path))
+
+    def boom(*a, **k):
+        raise RuntimeError("driver bug")
+
+    monkeypatch.setattr(sweep, "_fit_all", boom)
+
+    def no_prewarm(*a, **k):
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        return t
+
+    monkeypatch.setattr(sweep, "prewarm", no_prewarm)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    try:
+        with pytest.raises(RuntimeError, match="driver bug"):
+            sweep.run_sweep(spec, path, tracking_uri=uri, storage=str(tmp_path / "runs"), address="local")
+    finally:
+        ray.shutdown()
+    (run,) = Store(uri, "crash").client.search_runs([Store(uri, "crash").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["stabray.role"] == "sweep"
 
 
 def test_nan_and_inf_metrics_are_logged_not_dropped(store):

@@ -231,7 +231,7 @@ def test_spec_validator_names_bad_train_size_weights(tmp_path):
         ({"train_sizes": []}, "non-empty list"),
         ({"train_sizes": 3}, "non-empty list"),
         ({"train_sizes": [3, 3]}, "distinct"),
-        ({"train_sizes": [1, 4]}, ">= 2"),
+        ({"train_sizes": [1, 4]}, "in 2..1000"),
         ({"n_nodes": 4, "long_sizes": [4, 5]}, "larger than the largest training size 4"),
         ({"train_sizes": [3, 5], "long_sizes": [5]}, "larger than the largest training size 5"),
         ({"n_nodes": 4, "labels": 5, "long_sizes": [6]}, "needs at least 6 labels"),

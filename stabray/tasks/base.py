@@ -99,6 +99,7 @@ class Task:
     size_field: ClassVar[str]  # the parameter that length generalization grows (nodes, variables)
     runner: ClassVar[str] = "text"  # the trial runner (stabray.train.runner.RUNNERS) that trains on it
     min_size: ClassVar[int] = 2
+    max_size: ClassVar[int | None] = None  # the largest size one example can be generated at (None: no bound)
 
     def __init__(
         self,
@@ -240,9 +241,11 @@ class Task:
 
     def check_size(self, size: int, key: str | None = None) -> None:
         """An error unless `size` is a valid size; `key` (e.g. "long_sizes") names the list it is in."""
-        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < self.min_size:
+        big = isinstance(size, (int, np.integer)) and self.max_size is not None and size > self.max_size
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < self.min_size or big:
             what = f"{key}: every entry (a {self.size_field} value)" if key else self.size_field
-            raise UserError(f"task {self.name!r}: {what} must be an integer >= {self.min_size}, got {size!r}")
+            bounds = f"in {self.min_size}..{self.max_size}" if self.max_size is not None else f">= {self.min_size}"
+            raise UserError(f"task {self.name!r}: {what} must be an integer {bounds}, got {size!r}")
 
     def long_sizes(self) -> dict[str, int]:
         """Length-generalization splits and their sizes: the explicit `long_sizes` as `test_n<k>`,

@@ -164,6 +164,10 @@ class CLRSTask(Task):
 
     Params = GraphParams
     size_field = "n_nodes"
+    # A graph is drawn as an n x n weight matrix and written out whole: one example is 1.4 MB of text at
+    # 256 nodes and about 20 MB at 1000, far past any model's context; at 100000 the matrix alone would
+    # need 75 GiB.
+    max_size = 1000
 
     directed = False
     weighted = True

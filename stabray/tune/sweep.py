@@ -496,6 +496,9 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
     except KeyboardInterrupt:  # a second signal: Ray Tune may not have saved its state
         store.kill_running({parent, *saved["groups"].values()})
         raise
+    except Exception:  # the driver failed (a bug, a lost cluster): the runs say so, not RUNNING forever
+        store.kill_running({parent, *saved["groups"].values()}, status="FAILED")
+        raise
     if stop.signal is not None:
         # The parent, its method groups and the trials that were running: KILLED, which --resume continues.
         store.kill_running({parent, *saved["groups"].values()})
