@@ -180,3 +180,18 @@ def test_outside_a_ray_worker_nothing_starts_ray():
         ray.shutdown()
     assert assigned_cpus(default=3) == 3 and placement() == {}
     assert not ray.is_initialized()
+
+
+def test_tracking_uris_resolve_as_mlflow_reads_them(tmp_path):
+    """A bare path is a sqlite file (absolute, for Ray workers elsewhere); MLflow's own bare URIs and
+    file: stores are left alone; a scheme MLflow has no store for is an error naming it."""
+    from stabray.errors import UserError
+    from stabray.tracking import check_store, resolve_tracking_uri
+
+    assert resolve_tracking_uri("m.db", cwd=tmp_path) == f"sqlite:///{tmp_path / 'm.db'}"
+    assert resolve_tracking_uri("/abs/m.db", cwd=tmp_path) == "sqlite:////abs/m.db"
+    assert resolve_tracking_uri("sqlite:///m.db", cwd=tmp_path) == f"sqlite:///{tmp_path / 'm.db'}"
+    for uri in ("databricks", "databricks-uc", "file:/tmp/mlruns", "http://h:5000", "postgresql+psycopg2://u@h/db"):
+        assert resolve_tracking_uri(uri) == uri
+    with pytest.raises(UserError, match="no store for 'foo' URIs"):
+        check_store(resolve_tracking_uri("foo://bar"), create=True)

@@ -48,8 +48,8 @@ def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: 
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         rel = uri[len("sqlite:///") :]
         uri = "sqlite:///" + str((Path(cwd or os.getcwd()) / rel).absolute())
-    elif "://" not in uri:  # a bare path to a database file
-        uri = "sqlite:///" + str(Path(uri).absolute())
+    elif "://" not in uri and not uri.startswith("file:") and uri not in ("databricks", "databricks-uc", "uc"):
+        uri = "sqlite:///" + str((Path(cwd or os.getcwd()) / Path(uri).expanduser()).absolute())  # a bare path
     return uri
 
 
