@@ -43,11 +43,11 @@ def build_report(
         where = f"--ray-dir {ray_dir}" if ray_dir else f"experiment {experiment!r}"
         raise UserError(f"{where}: no trials to report (the sweep ran none, or is still starting)")
     if front_of is not None:
-        unknown = [m for m, _ in front_of if m not in trials.columns]
+        numeric = sorted(c for c, t in trials.schema.items() if t.is_numeric() and c not in ("seed",))
+        unknown = [m for m, _ in front_of if m not in numeric]
         if unknown:
-            numeric = sorted(c for c, t in trials.schema.items() if t.is_numeric() and c not in ("seed",))
             raise UserError(
-                f"--objectives {objectives}: no trial logged {', '.join(unknown)}; the trials have: "
+                f"--objectives {objectives}: no trial logged {', '.join(unknown)} as a number; the trials have: "
                 + ", ".join(numeric)
             )
     front_of = front_of or objectives_of(loaded.objectives)

@@ -123,6 +123,15 @@ class ModelCfg(Strict):
     numbers: Literal["word", "digits"] = "word"
     freeze_embeddings: bool = False  # embedded: the (tied) token embeddings stay at their random init
 
+    @field_validator("pretrained")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        """A relative local directory made absolute where the spec is read: Ray's trial workers run
+        in their trial folders, where ./model would name nothing."""
+        if v is not None and v.startswith(("./", "../", "~")):
+            return os.path.abspath(os.path.expanduser(v))
+        return v
+
     @model_validator(mode="after")
     def _positions(self):
         """The position options' combinations, checked when the spec is read."""
@@ -156,16 +165,25 @@ def shape_problem(m: ModelCfg) -> str | None:
     return None
 
 
+LOCAL_MODEL = ("/", "./", "../", "~")  # how a local model directory starts; anything else is a hub name
+
+
+def local_model_problem(pretrained: str | None) -> str | None:
+    """What is wrong with a local `pretrained` directory on this machine, or None (a hub name, or no
+    pretrained model). Checked where the trials run on this machine (not through ray://)."""
+    if pretrained is None or not pretrained.startswith(LOCAL_MODEL):
+        return None
+    where = Path(pretrained).expanduser()
+    if where.is_dir():
+        return None
+    what = "a file, not a model directory" if where.exists() else "no such directory"
+    return f"model.pretrained {pretrained}: {what} (a local path; a hub name has no leading / . or ~)"
+
+
 def pretrained_problem(m: ModelCfg) -> str | None:
-    """What is wrong with `pretrained` / `lora`, or None: a local path (one that starts with /, ./, ../
-    or ~; anything else is read as a Hugging Face hub name) must be a model directory on this machine,
-    and LoRA adapts a pretrained model only (the embedded decoder always trains all its weights, so a
-    `lora` section there would only add a LoRA-rank search with no effect)."""
-    if m.pretrained is not None and m.pretrained.startswith(("/", "./", "../", "~")):
-        where = Path(m.pretrained).expanduser()
-        if not where.is_dir():
-            what = "a file, not a model directory" if where.exists() else "no such directory"
-            return f"pretrained {m.pretrained}: {what} (a local path; a hub name has no leading / . or ~)"
+    """What is wrong with `lora`, or None: LoRA adapts a pretrained model only (the embedded decoder
+    always trains all its weights, so a `lora` section there would only add a LoRA-rank search with
+    no effect)."""
     if m.lora is not None and m.pretrained is None:
         return "lora applies to a pretrained model (model.pretrained); the embedded decoder trains all its weights"
     return None
@@ -520,6 +538,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, typing.Hashable) and key in seen:
                 first = seen[key]

@@ -451,9 +451,11 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     # a front over a metric no trial logged: an error naming it and what the trials have, no folder
     from stabray.errors import UserError
 
-    with pytest.raises(UserError, match=r"no trial logged val_acc_typo; the trials have: .*best_val_acc"):
+    with pytest.raises(UserError, match=r"no trial logged val_acc_typo as a number; the trials have: .*best_val_acc"):
         build_report("dijkstra", uri, out=tmp_path / "r2", objectives="val_acc_typo:max,val_eaf:min")
     assert not (tmp_path / "r2").exists()
+    with pytest.raises(UserError, match=r"no trial logged name as a number"):  # a column, but not a number
+        build_report("dijkstra", uri, out=tmp_path / "r2", objectives="name:max,val_eaf:min")
     front = build_report("dijkstra", uri, out=tmp_path / "r3", objectives="test_acc:max,test_eaf:min")
     assert "Pareto front of test_acc (max), test_eaf (min)" in (front / "pareto_front.md").read_text()
 

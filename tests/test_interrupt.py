@@ -110,12 +110,20 @@ def test_kill_running_marks_the_sweep_and_its_running_trials(store):
 
 
 def test_a_crashed_sweep_ends_failed_and_resume_reopens_it(store):
+    from stabray.tune.sweep import end_failed
+
     parent = store.start_parent("x", "x-1", {})
-    trial = store.start_child(parent, "t0", "t0", {"lr": 1}, {}, {})
-    assert set(store.kill_running({parent}, status="FAILED")) == {parent, trial}
-    assert [store.status(r) for r in (parent, trial)] == ["FAILED", "FAILED"]
-    store.reopen(parent)
-    assert store.status(parent) == "RUNNING"
+    group = store.start_group(parent, "alg1")
+    trial = store.start_child(group, "t0", "t0", {"lr": 1}, {}, {})
+    done = store.start_child(group, "t1", "t1", {"lr": 1}, {}, {})
+    store.end(done, "FINISHED")
+    end_failed(store, {"parent_run_id": parent, "groups": {"alg1": group}})
+    # the sweep's runs FAILED; its running trial KILLED (what --resume continues or marks lost)
+    assert [store.status(r) for r in (parent, group, trial, done)] == ["FAILED", "FAILED", "KILLED", "FINISHED"]
+    for r in (parent, group, trial):
+        store.reopen(r)
+    assert [store.status(r) for r in (parent, group, trial)] == ["RUNNING"] * 3
+    end_failed(store, {"parent_run_id": "no-such-run", "groups": {}})  # a store error does not hide the first
 
 
 def test_sweep_driver_crash_ends_the_parent_failed(tmp_path, monkeypatch):
@@ -193,5 +201,7 @@ def test_tracking_uris_resolve_as_mlflow_reads_them(tmp_path):
     assert resolve_tracking_uri("sqlite:///m.db", cwd=tmp_path) == f"sqlite:///{tmp_path / 'm.db'}"
     for uri in ("databricks", "databricks-uc", "file:/tmp/mlruns", "http://h:5000", "postgresql+psycopg2://u@h/db"):
         assert resolve_tracking_uri(uri) == uri
+    for uri in ("databricks", "file:/tmp/mlruns", "file:///tmp/mlruns", "postgresql+psycopg2://u@h/db", "MySQL://h/d"):
+        check_store(uri, create=True)  # schemes MLflow has stores for (no server is asked: not http)
     with pytest.raises(UserError, match="no store for 'foo' URIs"):
         check_store(resolve_tracking_uri("foo://bar"), create=True)

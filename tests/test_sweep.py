@@ -360,3 +360,38 @@ def test_prewarm_caches_what_the_trials_read(tmp_path, monkeypatch):
     spec2, _ = load_spec(str(write_spec(tmp_path, task={"train_size": 40})))
     prewarm(spec2, data=False).join(timeout=120)
     assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_spec_yaml_refuses_duplicate_keys_but_keeps_merge_keys():
+    """A key given twice is an error naming both lines; `<<: *anchor` merges stay valid YAML, and a
+    key after the merge overrides the merged one (YAML's rule, as yaml.safe_load reads it)."""
+    import yaml
+
+    from stabray.config import load_yaml
+
+    text = "base: &b {epochs: 2, lr: 0.001}\ntrain:\n  <<: *b\n  epochs: 5\n"
+    assert (
+        load_yaml(text)
+        == yaml.safe_load(text)
+        == {
+            "base": {"epochs": 2, "lr": 0.001},
+            "train": {"epochs": 5, "lr": 0.001},
+        }
+    )
+    with pytest.raises(yaml.YAMLError, match=r"found the key 'epochs' twice \(first on line 2\)"):
+        load_yaml("train:\n  epochs: 2\n  lr: 0.1\n  epochs: 3\n")
+
+
+def test_relative_pretrained_directory_is_made_absolute(tmp_path, monkeypatch):
+    """Ray's trial workers run in their trial folders: ./model must name the driver's folder there."""
+    import os
+
+    from stabray.config import ModelCfg, local_model_problem
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    assert ModelCfg(pretrained="./m").pretrained == str(tmp_path / "m")
+    assert ModelCfg(pretrained="~/x").pretrained == os.path.expanduser("~/x")
+    assert ModelCfg(pretrained="org/name").pretrained == "org/name"  # a hub name stays one
+    assert local_model_problem(str(tmp_path / "m")) is None and local_model_problem("org/name") is None
+    assert "no such directory" in local_model_problem(str(tmp_path / "nope"))

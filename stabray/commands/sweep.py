@@ -87,6 +87,12 @@ def run(args) -> int:
         method["search.space"] = {k: d for k, d in method["search.space"].items() if space_path(k) not in mine}
         overrides = {**method, **overrides}
     spec, path = load_spec(args.spec, overrides, sources)  # every error here exits 2, before Ray starts
+    if not (args.address or "").startswith("ray://"):  # through Ray Client the trials run elsewhere
+        from stabray.config import local_model_problem
+        from stabray.errors import UserError
+
+        if problem := local_model_problem(spec.model.pretrained):
+            raise UserError(f"{sources.get('model.pretrained', path)}: {problem}")
     if args.dry_run:  # the store and the storage too: what a real run would check before Ray starts
         from stabray.tracking import check_store, resolve_tracking_uri
         from stabray.tune.storage import open_storage

@@ -185,12 +185,14 @@ def check_port(host: str, port: int) -> None:
 
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: a TCP port is 1-65535")
-    with socket.socket() as s:
+    try:
+        family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]  # IPv4 or IPv6
+    except socket.gaierror as e:  # a name that does not resolve, an address that is not one
+        raise UserError(f"--host {host}: not a host name or address ({e.strerror or e})") from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: only a listener blocks us
         try:
-            s.bind((host, port))
-        except socket.gaierror as e:  # a name that does not resolve, an address that is not one
-            raise UserError(f"--host {host}: not a host name or address ({e.strerror or e})") from None
+            s.bind(where)
         except OSError as e:
             if e.errno == errno.EADDRNOTAVAIL:
                 raise UserError(

@@ -79,7 +79,8 @@ def store_schemes() -> set[str]:
 
 def check_scheme(uri: str) -> None:
     """A tracking URI whose scheme MLflow has no store for: one line naming it and the ones it has."""
-    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else uri
+    head = uri.split("://", 1)[0] if "://" in uri else uri.split(":", 1)[0]  # file:/path has no //
+    scheme = head.split("+", 1)[0].lower()
     if scheme not in store_schemes():
         raise UserError(
             f"tracking store {uri}: MLflow has no store for {scheme!r} URIs (it has sqlite:///<file>, "
@@ -160,9 +161,11 @@ class Store:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"cannot open the MLflow store {tracking_uri}: {first}") from None
         except ImportError as e:  # postgresql:// or mysql:// without its database driver installed
+            if "://" not in tracking_uri or tracking_uri.split("://", 1)[0].startswith(("http", "file", "sqlite")):
+                raise
             raise UserError(
                 f"cannot open the MLflow store {tracking_uri}: its database driver is not installed "
-                f"(no module {e.name!r}; pip install it)"
+                f"(SQLAlchemy found no module {e.name!r}; install the driver the URI names, or the dialect's default)"
             ) from None
         if exp is None and not create:
             names = [e.name for e in self.client.search_experiments()]

@@ -477,8 +477,12 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
             "spec": str(spec_path),
             "groups": {},
         }
-        results.write_json(info_file, saved)
-        store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.objectives()[0][0]}")
+        try:
+            results.write_json(info_file, saved)
+            store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.objectives()[0][0]}")
+        except Exception:
+            end_failed(store, saved)
+            raise
     parent = saved["parent_run_id"]
     info = {
         "tracking_uri": uri,
@@ -497,7 +501,7 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
         store.kill_running({parent, *saved["groups"].values()})
         raise
     except Exception:  # the driver failed (a bug, a lost cluster): the runs say so, not RUNNING forever
-        store.kill_running({parent, *saved["groups"].values()}, status="FAILED")
+        end_failed(store, saved)
         raise
     if stop.signal is not None:
         # The parent, its method groups and the trials that were running: KILLED, which --resume continues.
@@ -507,6 +511,20 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
     elif info["complete"]:
         store.end(parent, "FINISHED")
     return (CombinedGrid(grids) if spec.methods else grids[0] if grids else None), info
+
+
+def end_failed(store: Store, saved: dict[str, Any]) -> None:
+    """After the driver failed: the sweep's parent and method groups end FAILED, the trials that were
+    running KILLED (as after an interrupt: `--resume` continues them, or marks them lost if Ray Tune
+    never saved them). Best effort: the driver's own error, not one from a store that is also gone,
+    is what the user sees."""
+    import contextlib
+
+    sweep_runs = {saved["parent_run_id"], *saved["groups"].values()}
+    with contextlib.suppress(Exception):
+        store.kill_running(sweep_runs)
+        for run_id in sweep_runs:
+            store.end(run_id, "FAILED")
 
 
 def one_tuner(subs: list) -> bool:
