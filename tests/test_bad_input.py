@@ -119,7 +119,7 @@ CASES = [
     ("tracking_uri_unknown_scheme", ["sweep", "s.yaml", "--tracking-uri", "foo://bar"], {"s.yaml": spec()}, ["tracking store foo://bar", "no store for 'foo' URIs"]),
     ("dry_run_checks_the_store", ["sweep", "s.yaml", "--dry-run", "--tracking-uri", "foo://bar"], {"s.yaml": spec()}, ["no store for 'foo' URIs"]),
     ("dry_run_checks_the_storage", ["sweep", "s.yaml", "--dry-run", "--storage", "f/runs"], {"f": "x", "s.yaml": spec()}, ["--storage", "f is a file, not a directory"]),
-    ("tracking_db_driver_missing", ["report", "--experiment", "x", "--tracking-uri", "mysql://u@127.0.0.1:1/db"], {}, ["cannot open the MLflow store mysql://", "database driver is not installed (SQLAlchemy found no module"]),
+    ("tracking_db_driver_missing", ["report", "--experiment", "x", "--tracking-uri", "mysql://u@127.0.0.1:1/db"], {}, ["cannot open the MLflow store mysql://", "database driver is not installed (SQLAlchemy found no module 'MySQLdb'; pip install mysqlclient)"]),
     ("tracking_server_down", ["sweep", "s.yaml", "--tracking-uri", "http://127.0.0.1:1"], {"s.yaml": spec()}, ["cannot reach the MLflow tracking server at http://127.0.0.1:1"]),
     ("tracking_db_not_sqlite", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10, "s.yaml": spec()}, ["m.db", "not an SQLite database"]),
     ("tracking_db_is_folder", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": None, "s.yaml": spec()}, ["m.db: a directory, not an MLflow database"]),

@@ -262,6 +262,7 @@ def test_command_help_fits(capsys, command):
 
 def test_ui_optuna_finds_the_study(tmp_path):
     import os
+    import sqlite3
 
     from stabray.commands.ui import optuna_study
     from stabray.errors import UserError
@@ -271,13 +272,18 @@ def test_ui_optuna_finds_the_study(tmp_path):
     old, new = tmp_path / "dijkstra-20260101-000000", tmp_path / "multi-20260102-000000" / "alg1"
     for d in (old, new):
         d.mkdir(parents=True)
-        (d / "optuna.db").write_bytes(b"")
+        with sqlite3.connect(d / "optuna.db") as con:  # what the check reads: SQLite with Optuna's table
+            con.execute("create table studies (study_id integer primary key)")
+        con.close()
     os.utime(old / "optuna.db", (1, 1))  # older
     assert optuna_study("latest", str(tmp_path)) == new / "optuna.db"  # the newest, one level down too
     assert optuna_study(str(old), "unused") == old / "optuna.db"  # a run directory
     assert optuna_study(str(new.parent), "unused") == new / "optuna.db"  # a multi-method run: its first method
     with pytest.raises(UserError, match="no Optuna study"):
         optuna_study(str(tmp_path / "nope"), "unused")
+    (old / "optuna.db").write_bytes(b"")  # an empty file: no study in it
+    with pytest.raises(UserError, match="an empty file"):
+        optuna_study(str(old), "unused")
 
 
 def test_ui_links_name_how_many_experiments_they_leave_out(monkeypatch, capsys):

@@ -148,6 +148,8 @@ def checked_study(db: Path) -> Path:
 
     if db.is_dir():
         raise UserError(f"--optuna {db}: a directory, not an Optuna database")
+    if db.stat().st_size == 0:
+        raise UserError(f"--optuna {db}: an empty file (no study written to it yet)")
     with open(db, "rb") as f:
         if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
             raise UserError(f"--optuna {db}: not an SQLite database (a damaged or another file)")

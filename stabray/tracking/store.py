@@ -71,6 +71,18 @@ MLFLOW_SCHEMES = (
 )
 
 
+# The pip package of each database driver module SQLAlchemy imports for MLflow's database stores
+# (the dialects' defaults, and the drivers a URI like postgresql+psycopg:// names).
+DRIVER_PACKAGES = {
+    "MySQLdb": "mysqlclient",
+    "pymysql": "pymysql",
+    "psycopg2": "psycopg2-binary",
+    "psycopg": "psycopg[binary]",
+    "pyodbc": "pyodbc",
+    "pymssql": "pymssql",
+}
+
+
 def store_schemes() -> set[str]:
     from importlib.metadata import entry_points
 
@@ -163,9 +175,10 @@ class Store:
         except ImportError as e:  # postgresql:// or mysql:// without its database driver installed
             if "://" not in tracking_uri or tracking_uri.split("://", 1)[0].startswith(("http", "file", "sqlite")):
                 raise
+            package = DRIVER_PACKAGES.get(e.name or "", e.name)
             raise UserError(
                 f"cannot open the MLflow store {tracking_uri}: its database driver is not installed "
-                f"(SQLAlchemy found no module {e.name!r}; install the driver the URI names, or the dialect's default)"
+                f"(SQLAlchemy found no module {e.name!r}; pip install {package})"
             ) from None
         if exp is None and not create:
             names = [e.name for e in self.client.search_experiments()]
