@@ -135,7 +135,7 @@ class ModelCfg(Strict):
     @model_validator(mode="after")
     def _positions(self):
         """The position options' combinations, checked when the spec is read."""
-        problem = position_options_problem(self) or shape_problem(self) or pretrained_problem(self)
+        problem = position_options_problem(self) or shape_problem(self) or lora_problem(self)
         if problem:
             raise ValueError(problem)
         return self
@@ -180,7 +180,7 @@ def local_model_problem(pretrained: str | None) -> str | None:
     return f"model.pretrained {pretrained}: {what} (a local path; a hub name has no leading / . or ~)"
 
 
-def pretrained_problem(m: ModelCfg) -> str | None:
+def lora_problem(m: ModelCfg) -> str | None:
     """What is wrong with `lora`, or None: LoRA adapts a pretrained model only (the embedded decoder
     always trains all its weights, so a `lora` section there would only add a LoRA-rank search with
     no effect)."""
