@@ -312,14 +312,13 @@ class Store:
         if self.status(run_id) in ("KILLED", "FAILED"):
             self.client.update_run(run_id, status="RUNNING")
 
-    def kill_running(self, run_ids: set[str], status: str = "KILLED") -> list[str]:
-        """End with `status` the given runs (a sweep's parent and method groups) and every still-RUNNING
-        run under them (its trials): KILLED for an interrupted sweep, FAILED for one whose driver
-        crashed. Returns the runs ended."""
+    def kill_running(self, run_ids: set[str]) -> list[str]:
+        """End as KILLED the given runs (a sweep's parent and method groups) and every still-RUNNING
+        run under them (its trials): the status of an interrupted sweep. Returns the runs killed."""
         killed = []
         for run in self.all_runs("attributes.status = 'RUNNING'"):
             if run.info.run_id in run_ids or run.data.tags.get(PARENT) in run_ids:
-                self.end(run.info.run_id, status)
+                self.end(run.info.run_id, "KILLED")
                 killed.append(run.info.run_id)
         return killed
 
