@@ -7,6 +7,7 @@ check (a real sweep interrupted, then resumed) is tests/test_faults.py."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import signal
@@ -205,3 +206,25 @@ def test_tracking_uris_resolve_as_mlflow_reads_them(tmp_path):
         check_store(uri, create=True)  # schemes MLflow has stores for (no server is asked: not http)
     with pytest.raises(UserError, match="no store for 'foo' URIs"):
         check_store(resolve_tracking_uri("foo://bar"), create=True)
+
+
+def test_resume_dry_run_names_the_run_it_would_continue(tmp_path, monkeypatch, capsys):
+    """`sweep --resume --dry-run` reads the run record as `--resume` does: it names the latest run
+    folder of this sweep (not an older one, not another sweep's) and the store that record names."""
+    from stabray.cli import main
+    from stabray.tune.storage import INFO_FILE
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "sw", "task": {"name": "dijkstra"}}))
+    record = {"experiment": "sw-exp", "parent_run_id": "p", "groups": {}}
+    runs = [("sw-20260101-000000", "old.db"), ("sw-20260102-000000", "new.db"), ("sw-2x-20260103-000000", "x.db")]
+    for run, db in runs:
+        (tmp_path / "stabray_runs" / run).mkdir(parents=True)
+        uri = f"sqlite:///{tmp_path / db}"
+        (tmp_path / "stabray_runs" / run / INFO_FILE).write_text(json.dumps({**record, "tracking_uri": uri}))
+    assert main(["sweep", "s.yaml", "--resume", "--dry-run"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        f"would continue {tmp_path / 'stabray_runs' / 'sw-20260102-000000'} "
+        f"(MLflow experiment 'sw-exp' at sqlite:///{tmp_path / 'new.db'})"
+    )

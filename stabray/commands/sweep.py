@@ -97,9 +97,18 @@ def run(args) -> int:
         from stabray.tracking import check_store, resolve_tracking_uri
         from stabray.tune.storage import open_storage
 
-        check_store(resolve_tracking_uri(args.tracking_uri, spec.mlflow.tracking_uri), create=True)
-        open_storage(args.storage or spec.storage, "--storage" if args.storage else "storage")
+        results = open_storage(args.storage or spec.storage, "--storage" if args.storage else "storage")
+        uri = resolve_tracking_uri(args.tracking_uri, spec.mlflow.tracking_uri)
+        if args.resume:  # the run it would continue, its record checked, and the store that record names
+            from stabray.tune.sweep import resumed_run
+
+            run, saved = resumed_run(results, spec.name)
+            uri = saved["tracking_uri"]
+        check_store(uri, create=True)
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
+        if args.resume:
+            where = f"{results.uri.rstrip('/')}/{run}"
+            print(f"would continue {where} (MLflow experiment {saved['experiment']!r} at {uri})")
         return 0
     from stabray.tracking import Store
     from stabray.tune.summary import log_sweep_summary, print_summary

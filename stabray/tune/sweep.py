@@ -370,11 +370,8 @@ def run_sweep(
     experiment = spec.mlflow.experiment or spec.name
     # a file where a folder should be, a missing or unreachable bucket: before anything starts
     results = open_storage(storage or spec.storage, "--storage" if storage else "storage")
-    if resume:  # found in the storage alone (on S3: no local file needed)
-        run = results.latest_run(spec.name)
-        if run is None or not results.exists(f"{run}/{INFO_FILE}"):
-            raise UserError(f"--resume: no earlier sweep {spec.name!r} under {results.uri}")
-        saved = read_saved(results, run)
+    if resume:
+        run, saved = resumed_run(results, spec.name)
         uri, experiment = saved["tracking_uri"], saved["experiment"]
     else:
         run = run_folder(spec.name)
@@ -389,6 +386,16 @@ def run_sweep(
         except KeyboardInterrupt:  # a second signal, or one before Ray Tune ran
             ray.shutdown()
             raise
+
+
+def resumed_run(results: Storage, name: str) -> tuple[str, dict[str, Any]]:
+    """The run `--resume` continues: the latest run folder of sweep `name` in the storage (found in the
+    storage alone; on S3 no local file is needed) and its checked INFO_FILE. `sweep --resume --dry-run`
+    asks the same, so a missing or damaged record is reported by the dry run too."""
+    run = results.latest_run(name)
+    if run is None or not results.exists(f"{run}/{INFO_FILE}"):
+        raise UserError(f"--resume: no earlier sweep {name!r} under {results.uri}")
+    return run, read_saved(results, run)
 
 
 def read_saved(results: Storage, run: str) -> dict[str, Any]:
