@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise UserError(f"--n must be >= 1, got {args.n}")
+    if not 0 <= args.seed < 2**32:  # a dataset seed, as task.data_seed in a spec
+        raise UserError(f"--seed must be in 0..2**32-1, got {args.seed}")
     path = None if args.out == "-" else check_output_file(args.out, args.force)
     task = get_task(args.task, **parse_params(args.param))
     exs = examples(task, args.split, args.n, args.seed, args.size)

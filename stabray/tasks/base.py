@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -75,6 +76,18 @@ def extract_final(generated: str) -> str:
     return text.strip()
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+# A Params field's type -> (what a value must be, the check): Task._check_types.
+PARAM_TYPES: dict[type, tuple[str, Callable[[Any], bool]]] = {
+    int: ("an integer", _is_int),
+    float: ("a number", lambda v: _is_int(v) or isinstance(v, (float, np.floating))),
+    bool: ("true or false", lambda v: isinstance(v, (bool, np.bool_))),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+
 # Task parameters every task accepts besides its generator's Params (Task.__init__).
 SIZE_OPTIONS = ("train_sizes", "train_size_weights", "train_size_schedule", "long_sizes")
 
@@ -128,6 +141,7 @@ class Task:
             if key not in names:
                 known = ", ".join(sorted(names | set(SIZE_OPTIONS)))
                 raise UserError(f"task {self.name!r}: unknown parameter {key!r}; known: {known}")
+        self._check_types(params)
         self.params = self.Params(**params)
         self.train_sizes = self._size_list("train_sizes", train_sizes)
         self.explicit_long_sizes = self._size_list("long_sizes", long_sizes)
@@ -238,6 +252,16 @@ class Task:
     def in_dist_sizes(self) -> tuple[int, ...]:
         """The sizes the train, validation and test splits are drawn at (one, or a uniform mix)."""
         return self.train_sizes if self.train_sizes is not None else (self.size,)
+
+    def _check_types(self, params: dict[str, Any]) -> None:
+        """An error naming the parameter when a value is not of its Params field's type (int, float,
+        bool or str; a bool is not a number), before any range check compares it. The size field is
+        left to check_size, whose message names its range."""
+        hints = typing.get_type_hints(self.Params)
+        for key, value in params.items():
+            kind = PARAM_TYPES.get(hints.get(key))
+            if key != self.size_field and kind is not None and not kind[1](value):
+                raise UserError(f"task {self.name!r}: {key} must be {kind[0]}, got {value!r}")
 
     def check_size(self, size: int, key: str | None = None) -> None:
         """An error unless `size` is a valid size; `key` (e.g. "long_sizes") names the list it is in."""
