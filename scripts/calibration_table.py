@@ -144,7 +144,8 @@ def _profile_rows(rows: list[dict], name: str) -> dict[int, dict]:
 
 def compare(files: list[str], a: str, b: str) -> str:
     """Profile `a` against its trivial rules and against profile `b`, split by split (see the module
-    docstring); a split missing from either side is skipped."""
+    docstring); a split missing from either side is skipped, and one drawn at other sizes on the two
+    sides (the in-distribution `test` of profiles trained on different mixes) is named, not compared."""
     from scipy import stats
 
     from analysis.tables import fmt_p, welch
@@ -156,6 +157,11 @@ def compare(files: list[str], a: str, b: str) -> str:
     common = sorted(set(ra) & set(rb))
     for split in next(iter(ra.values()))["splits"]:
         if any(split not in r["splits"] for r in [*ra.values(), *rb.values()]):
+            continue
+        sizes = {tuple(r["splits"][split]["sizes"]) for r in [*ra.values(), *rb.values()]}
+        if len(sizes) > 1:  # e.g. `test` of profiles trained on different size mixes: unlike examples
+            listed = " and ".join(",".join(map(str, s)) for s in sorted(sizes))
+            out.append(f"{split}: not compared: drawn at sizes {listed} (different inputs on the two sides)")
             continue
         xa = [ra[s]["splits"][split]["acc"] for s in sorted(ra)]
         xb = [rb[s]["splits"][split]["acc"] for s in sorted(rb)]

@@ -568,6 +568,14 @@ def test_calibration_table_compare_against_the_formulas(tmp_path):
     tp = d.mean() / (d.std(ddof=1) / math.sqrt(3))
     pp = float(re.search(r"\(p=([0-9.]+)\)", line).group(1))
     assert pp == pytest.approx(_t_pvalue(tp, 2), abs=1.5e-3)
+    other = [
+        {**row("P4_c", s, 0.6), "splits": {"test_n5": {**row("P4_c", s, 0.6)["splits"]["test_n5"], "sizes": [3, 5]}}}
+        for s in range(2)
+    ]
+    res.write_text("".join(json.dumps(r) + "\n" for r in [*rows, *other]))
+    out = subprocess.run([*cmd, "P1", "P4"], capture_output=True, text=True, check=True).stdout
+    assert "test_n5: not compared: drawn at sizes 3,5 and 5 (different inputs on the two sides)" in out
+    assert "A - B" not in out
     for bad, named in (("P3", "'P3'"), ("P2", "P2_b, P2_bb")):
         r = subprocess.run([*cmd, "P1", bad], capture_output=True, text=True)
         assert r.returncode != 0 and named in r.stderr and "Traceback" not in r.stderr
