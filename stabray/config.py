@@ -225,6 +225,9 @@ class TrainCfg(Strict):
     grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 = off
     max_steps_per_epoch: int = Field(0, ge=0)  # 0 = the whole split; > 0 caps an epoch (tests, smoke runs)
     threads: int = Field(0, ge=0)  # torch CPU threads; 0 = leave torch's default (Ray sets it from num_cpus)
+    # batches of examples of similar length (stabray.train.loop.length_grouped_batches): less padding,
+    # e.g. a third fewer tokens computed on a 3-4-node Dijkstra mix; off = uniformly shuffled batches
+    group_by_length: bool = False
 
 
 class EvalCfg(Strict):

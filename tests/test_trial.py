@@ -185,3 +185,63 @@ def test_eaf_every_measures_every_kth_and_the_last_epoch(cache_dir):
             assert m["val_eaf"] == pytest.approx(cold.eaf, rel=1e-6)
     assert got[0] is None and got[1] is not None and got[2] is not None
     assert [h.get("val_eaf") is not None for h in run.history] == [False, True, True]
+
+
+def test_length_grouped_batches_cover_every_example_once_with_less_padding():
+    from stabray.train.loop import length_grouped_batches
+
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in rng.choice([60, 90, 120], size=1000) + rng.integers(0, 30, size=1000)]
+
+    def padded(batches):  # tokens computed: every row of a batch padded to its longest
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    batches = length_grouped_batches(lengths, 16, np.random.default_rng(1))
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(1000)) and sorted(len(b) for b in batches) == [8] + [16] * 62
+    shuffled = np.random.default_rng(2).permutation(1000)
+    uniform = padded([shuffled[i : i + 16] for i in range(0, 1000, 16)])
+    by_length = sorted(range(1000), key=lambda i: lengths[i])
+    floor = padded([by_length[i : i + 16] for i in range(0, 1000, 16)])  # one global sort: the least padding
+    assert floor <= padded(batches) <= floor * 1.05 < 0.8 * uniform
+    assert batches == length_grouped_batches(lengths, 16, np.random.default_rng(1))  # reproducible
+    tops = [max(lengths[i] for i in b) for b in batches]
+    assert tops != sorted(tops, reverse=True)  # batch order shuffled, not longest-first within mega-batches
+
+
+def test_group_by_length_pads_less_trains_and_resumes(cache_dir, tmp_path, monkeypatch):
+    import stabray.train.loop as loop
+
+    over = {
+        # 256 examples: 4 mega-batches of 4 batches (transformers groups within mega-batches of at most a
+        # quarter of the data, so a split of 4 batches or fewer would not be grouped at all)
+        "task": {"params": {"n_nodes": 6, "decimals": 1, "train_sizes": [2, 6]}, "train_size": 256},
+        "eval": {"eaf_examples": 0, "long_splits": [], "loss_gap": False},
+    }
+    computed = []
+    real_collate = loop.collate
+
+    def counting(items, pad):
+        computed.append(len(items) * max(len(e.input_ids) for e in items))
+        return real_collate(items, pad)
+
+    monkeypatch.setattr(loop, "collate", counting)
+    padded = {}
+    for grouped in (False, True):
+        computed.clear()
+        run = TrialRun(tiny_config(cache_dir, **over, train={"epochs": 3, "group_by_length": grouped}))
+        m = run.epoch()
+        padded[grouped] = (sum(computed), m["tokens"])
+    assert padded[True][1] == padded[False][1]  # the same examples, every one once
+    assert padded[True][0] < 0.85 * padded[False][0]  # 2- and 6-node graphs: far less padding grouped
+    cfg = tiny_config(cache_dir, **over, train={"epochs": 3, "group_by_length": True})
+    straight = TrialRun(cfg)
+    losses = [straight.epoch()["train_loss"] for _ in range(3)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    first = TrialRun(cfg)
+    first.epoch()
+    first.save(tmp_path / "ck")
+    resumed = load_run(tmp_path / "ck")
+    for _ in range(2):
+        last = resumed.epoch()
+    assert last["train_loss"] == pytest.approx(losses[-1], rel=1e-5)

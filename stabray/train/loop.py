@@ -109,22 +109,21 @@ class Trainer:
         epoch = self.epoch
         rng = np.random.default_rng([self.seed, epoch])  # shuffling and per-epoch step resampling
         examples = self._examples(epoch)
-        order = rng.permutation(len(examples))
+        bs = self.cfg.batch_size
+        if self.cfg.group_by_length:  # the epoch's views encoded first: their lengths decide the batches
+            encoded = [self.encode(ex, epoch, rng) for ex in examples]
+            batches = length_grouped_batches([len(e.input_ids) for e in encoded], bs, rng)
+        else:  # each batch encoded when it is trained on
+            encoded, order = None, rng.permutation(len(examples))
+            batches = [order[i : i + bs] for i in range(0, len(order), bs)]
         self.model.train()
         losses, tokens, t0 = [], 0, time.perf_counter()
-        bs = self.cfg.batch_size
-        for b in range(self.steps_per_epoch):
-            idx = order[b * bs : (b + 1) * bs]
-            if len(idx) == 0:
-                break
+        for b, idx in enumerate(batches[: self.steps_per_epoch]):
             step = epoch * self.steps_per_epoch + b  # global optimizer step
             reset = self.method.on_train_step(step, self.steps_per_epoch)
             if reset:
                 self.reset(reset, step)
-            items = []
-            for i in idx:
-                prompt, steps = self.method.train_view(examples[i], epoch, rng)
-                items.append(self.encoder.encode(prompt, steps, examples[i].final))
+            items = [encoded[i] for i in idx] if encoded else [self.encode(examples[i], epoch, rng) for i in idx]
             batch = collate(items, self.encoder.pad).to(self.device)  # keeps the step spans
             if self.random_positions:  # this step's positions, the same on a resumed run
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
@@ -149,6 +148,11 @@ class Trainer:
             "epoch_time_s": dt,
         }
 
+    def encode(self, example: Example, epoch: int, rng: np.random.Generator):
+        """The example as the method trains on it this epoch (its view), encoded."""
+        prompt, steps = self.method.train_view(example, epoch, rng)
+        return self.encoder.encode(prompt, steps, example.final)
+
     def state_dict(self) -> dict:
         return {
             "optimizer": self.optimizer.state_dict(),
@@ -167,3 +171,17 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])
         torch.set_rng_state(state["torch_rng"])
+
+
+def length_grouped_batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    """An epoch's batches (example indices) of similar lengths, for `train.group_by_length`: transformers'
+    length-grouped order (`get_length_grouped_indices`, as `TrainingArguments.group_by_length`: a random
+    permutation cut into mega-batches of up to 50 batches, each sorted by length), cut into batches, whose
+    order is then shuffled (in the library's order every mega-batch runs from its longest examples to its
+    shortest). Every index appears once; all randomness comes from `rng`."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    order = get_length_grouped_indices(lengths, batch_size, generator=g)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
