@@ -230,3 +230,16 @@ def test_run_all_smoke(tmp_path):
         assert f["benchmark"] in ran and f["wall_s"] > 0 and f["load_before"] >= 0 and f["load_after"] >= 0
     for b in summary["benchmarks"]:
         assert b["rc"] == 0 and (tmp_path / f"{b['benchmark']}.json").exists(), b
+
+
+def test_group_by_length_smoke(tmp_path):
+    out = tmp_path / "gbl.json"
+    assert load("group_by_length").main(["--smoke", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    check_figures(r["figures"])
+    assert {f["name"] for f in r["figures"]} == {"group_by_length_default_mix34", "group_by_length_labelled_mix34w13"}
+    for name in ("default_mix34", "labelled_mix34w13"):
+        (rd,) = r[name]["rounds"]  # one round in smoke; both arms saw the same non-pad tokens
+        assert (
+            rd["grouped"]["tokens"] == rd["uniform"]["tokens"] and rd["uniform"]["computed"] >= rd["uniform"]["tokens"]
+        )

@@ -110,6 +110,7 @@ class Trainer:
         rng = np.random.default_rng([self.seed, epoch])  # shuffling and per-epoch step resampling
         examples = self._examples(epoch)
         bs = self.cfg.batch_size
+        losses, tokens, t0 = [], 0, time.perf_counter()  # the epoch's time includes encoding, either way
         if self.cfg.group_by_length:  # the epoch's views encoded first: their lengths decide the batches
             encoded = [self.encode(ex, epoch, rng) for ex in examples]
             batches = length_grouped_batches([len(e.input_ids) for e in encoded], bs, rng)
@@ -117,7 +118,6 @@ class Trainer:
             encoded, order = None, rng.permutation(len(examples))
             batches = [order[i : i + bs] for i in range(0, len(order), bs)]
         self.model.train()
-        losses, tokens, t0 = [], 0, time.perf_counter()
         for b, idx in enumerate(batches[: self.steps_per_epoch]):
             step = epoch * self.steps_per_epoch + b  # global optimizer step
             reset = self.method.on_train_step(step, self.steps_per_epoch)
