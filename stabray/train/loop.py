@@ -111,9 +111,15 @@ class Trainer:
         examples = self._examples(epoch)
         bs = self.cfg.batch_size
         losses, tokens, t0 = [], 0, time.perf_counter()  # the epoch's time includes encoding, either way
+        # Randomized positions: a step's table holds one position per token of its longest row, drawn over
+        # the whole span, so its density follows that length. Uniform batches nearly always hold one of
+        # the longest examples; grouped ones draw for the epoch's longest too, not for their own length
+        # (a batch of short rows would otherwise see positions twice as sparse as evaluation expects).
+        table_length = None
         if self.cfg.group_by_length:  # the epoch's views encoded first: their lengths decide the batches
             encoded = [self.encode(ex, epoch, rng) for ex in examples]
-            batches = length_grouped_batches([len(e.input_ids) for e in encoded], bs, rng)
+            lengths = [len(e.input_ids) for e in encoded]
+            batches, table_length = length_grouped_batches(lengths, bs, rng), max(lengths, default=0)
         else:  # each batch encoded when it is trained on
             encoded, order = None, rng.permutation(len(examples))
             batches = [order[i : i + bs] for i in range(0, len(order), bs)]
@@ -127,7 +133,7 @@ class Trainer:
             batch = collate(items, self.encoder.pad).to(self.device)  # keeps the step spans
             if self.random_positions:  # this step's positions, the same on a resumed run
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-                draw_positions(self.model, batch["input_ids"].shape[1], g)
+                draw_positions(self.model, table_length or batch["input_ids"].shape[1], g)
             tokens += int(batch["attention_mask"].sum())
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
