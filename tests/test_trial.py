@@ -245,3 +245,34 @@ def test_group_by_length_pads_less_trains_and_resumes(cache_dir, tmp_path, monke
     for _ in range(2):
         last = resumed.epoch()
     assert last["train_loss"] == pytest.approx(losses[-1], rel=1e-5)
+
+
+def test_group_by_length_draws_random_positions_for_the_epochs_longest_example(cache_dir, monkeypatch):
+    """With `model.positions: random`, a grouped step's position table is as long as the epoch's longest
+    example (as a uniform batch's nearly always is), not its own rows' length: the density of training
+    positions stays what the evaluation stride was chosen for."""
+    import stabray.train.loop as loop
+
+    drawn, longest = [], []
+    real_draw, real_collate = loop.draw_positions, loop.collate
+    monkeypatch.setattr(
+        loop, "draw_positions", lambda model, length, g: drawn.append(length) or real_draw(model, length, g)
+    )
+    monkeypatch.setattr(
+        loop,
+        "collate",
+        lambda items, pad: longest.append(max(len(e.input_ids) for e in items)) or real_collate(items, pad),
+    )
+    over = {
+        "task": {"params": {"n_nodes": 6, "decimals": 1, "train_sizes": [2, 6]}, "train_size": 256},
+        "model": {"preset": "tiny", "positions": "random", "position_span": 512},
+        "eval": {"eaf_examples": 0, "long_splits": [], "loss_gap": False},
+    }
+    for grouped in (False, True):
+        drawn.clear(), longest.clear()
+        TrialRun(tiny_config(cache_dir, **over, train={"epochs": 1, "group_by_length": grouped})).epoch()
+        assert len(drawn) == len(longest) == 16
+        if grouped:
+            assert drawn == [max(longest)] * 16 and min(longest) < 0.7 * max(longest)  # short batches among them
+        else:
+            assert drawn == longest
