@@ -265,8 +265,8 @@ class Task:
 
     def check_size(self, size: int, key: str | None = None) -> None:
         """An error unless `size` is a valid size; `key` (e.g. "long_sizes") names the list it is in."""
-        big = isinstance(size, (int, np.integer)) and self.max_size is not None and size > self.max_size
-        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < self.min_size or big:
+        big = _is_int(size) and self.max_size is not None and size > self.max_size
+        if not _is_int(size) or size < self.min_size or big:
             what = f"{key}: every entry (a {self.size_field} value)" if key else self.size_field
             bounds = f"in {self.min_size}..{self.max_size}" if self.max_size is not None else f">= {self.min_size}"
             raise UserError(f"task {self.name!r}: {what} must be an integer {bounds}, got {size!r}")

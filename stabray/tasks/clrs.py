@@ -178,13 +178,12 @@ class CLRSTask(Task):
         super().__init__(**params)
         if not 0.0 < self.params.p <= 1.0:
             raise UserError(f"task {self.name!r}: p must be in (0, 1], got {self.params.p}")
-        if not (isinstance(self.params.decimals, int) and 1 <= self.params.decimals <= 6):
+        # the types were checked by Task._check_types; here the ranges
+        if not 1 <= self.params.decimals <= 6:
             raise UserError(f"task {self.name!r}: decimals must be an integer in 1..6, got {self.params.decimals!r}")
         labels = self.params.labels
-        if not isinstance(labels, int) or isinstance(labels, bool) or labels < 0:
+        if labels < 0:
             raise UserError(f"task {self.name!r}: labels must be 0 (CLRS-Text) or a pool size > 0, got {labels!r}")
-        if not isinstance(self.params.distances, bool):
-            raise UserError(f"task {self.name!r}: distances must be true or false, got {self.params.distances!r}")
         if self.params.distances and (self.prim is None or not labels):
             raise UserError(
                 f"task {self.name!r}: distances: true needs the labelled variant (labels > 0) of dijkstra or "
