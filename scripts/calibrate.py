@@ -173,6 +173,7 @@ def main() -> None:
     import torch
 
     from stabray.config import set_path
+    from stabray.train.loop import kernels
     from stabray.train.run import TrialRun
 
     torch.set_num_threads(1)
@@ -254,6 +255,7 @@ def main() -> None:
         "final": final,
         "eval_strides": strides,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": kernels(run.device),  # rows from another kernel path are draws, not reruns
     }
     with open(args.out, "a") as f:
         f.write(json.dumps(rec) + "\n")

@@ -323,6 +323,11 @@ def searchable_metrics() -> list[str]:
 STABILITY_TABLE = "stability_table"
 DECOMP_KEYS = ["T", "loss_gap", "bound", "ratio", "first_order", "second_order", "C1", "C2", "eaf", "sum_eps"]
 
+# Keys of the first result after each start or restore that say what computed the trial's numbers
+# (`stabray.train.loop.kernels`: torch version, kernel path); kept as the run's tags stabray.torch and
+# stabray.kernels. Another kernel path reproduces a trial only to about the 4th decimal of its loss.
+KERNEL_KEYS = ("torch", "kernels")
+
 # ----------------------------------------------------------------------------------- status
 
 # How a trial ended. FINISHED: ran every epoch (it has the final metrics). STOPPED: ended early by

@@ -87,3 +87,24 @@ def test_trial_run_and_closing_figure(tmp_path, monkeypatch):
     logged = {k: store.history(cb.runs["t2"], k) for k in CURVES}
     assert [s for s, _ in logged["val_eaf"]] == [1, 2, 3] and same(hist, logged)
     assert store.status(cb.runs["t2"]) == "FINISHED"
+
+
+def test_first_result_after_a_start_sets_the_kernel_tags(tmp_path):
+    """The trainable's first result after each start or restore names torch and its kernel path: the
+    run keeps them as tags, a restore on another path overwrites them, and neither is logged as a metric."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store = Store(uri, "cb")
+    parent = store.start_parent("cb", "cb-run", {})
+    cb = MLflowTuneCallback(uri, "cb", parent, [])
+    trial = SimpleNamespace(trial_id="t1", config=CONFIG, last_result=None)
+    cb.on_trial_start(0, [trial], trial)
+    first = {**RESULTS[0], "training_iteration": 1, "torch": "2.13.0+cpu", "kernels": "cpu AVX512, X, 1 thread"}
+    cb.on_trial_result(0, [trial], trial, first)
+    cb.on_trial_result(0, [trial], trial, {**RESULTS[1], "training_iteration": 2})
+    rid = cb.runs["t1"]
+    tags = store.client.get_run(rid).data.tags
+    assert tags["stabray.torch"] == "2.13.0+cpu" and tags["stabray.kernels"] == "cpu AVX512, X, 1 thread"
+    cb.on_trial_result(0, [trial], trial, {**RESULTS[1], "training_iteration": 2, "kernels": "cpu AVX2, Y, 1 thread"})
+    run = store.client.get_run(rid)
+    assert run.data.tags["stabray.kernels"] == "cpu AVX2, Y, 1 thread"  # restored elsewhere: the newest path
+    assert not {"torch", "kernels"} & set(run.data.metrics)

@@ -659,6 +659,11 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
     plain, tracked = rows
     assert [e.get("track") is not None for e in tracked["epochs"]] == [False, True, True]  # epoch 2, and the last
     assert not any("track" in e for e in plain["epochs"])
+    import torch
+
+    assert plain["machine"]["torch"] == torch.__version__  # the kernel path the row ran on, one thread
+    assert plain["machine"]["kernels"].startswith(f"cpu {torch.backends.cpu.get_cpu_capability()}, ")
+    assert plain["machine"]["kernels"].endswith(", 1 thread")
     strip = [
         {k: v for k, v in e.items() if k not in ("track",) and not k.endswith(("time_s", "_per_s"))}
         for e in tracked["epochs"]

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from stabray.cli import main
@@ -66,6 +67,8 @@ def test_mini_sweep_logs_parent_and_children(tmp_path, monkeypatch, capsys):
             assert {"test_long_acc", "test_loss_gap", "test_eaf"} <= set(c.data.metrics)
         cfg = json.loads(Path(client.download_artifacts(c.info.run_id, "trial_config.json", str(tmp_path))).read_text())
         assert cfg["task"]["name"] == "dijkstra"
+        assert c.data.tags["stabray.torch"] == torch.__version__  # what computed it, from the trial's worker
+        assert c.data.tags["stabray.kernels"].startswith(f"cpu {torch.backends.cpu.get_cpu_capability()}, ")
         ckpt = Path(c.data.tags["stabray.checkpoint"])  # the run points at its latest checkpoint
         assert (ckpt / "state.pt").exists() and ckpt.name.startswith("checkpoint_")
 

@@ -276,3 +276,28 @@ def test_group_by_length_draws_random_positions_for_the_epochs_longest_example(c
             assert drawn == [max(longest)] * 16 and min(longest) < 0.7 * max(longest)  # short batches among them
         else:
             assert drawn == longest
+
+
+@pytest.mark.parametrize("capability", ["", "avx2", "default"])
+def test_kernels_names_the_path_torch_dispatches_to(capability):
+    """`kernels()` reports the ATen CPU capability torch runs with, read in a fresh process (lowered by
+    ATEN_CPU_CAPABILITY, which is read once at start-up), and the thread count; not a fixed string."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if capability:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    code = (
+        "import json, torch; torch.set_num_threads(1); from stabray.train.loop import kernels; "
+        "print(json.dumps([kernels(), torch.backends.cpu.get_cpu_capability()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    got, truth = json.loads(out)
+    assert got["torch"] == torch.__version__
+    assert got["kernels"].startswith(f"cpu {truth}, ") and got["kernels"].endswith(", 1 thread")
+    if capability == "default":
+        assert truth in ("DEFAULT", "NO AVX")  # the generic kernels, whatever this CPU supports
+    elif capability == "avx2" and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert truth == "AVX2"

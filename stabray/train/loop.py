@@ -34,6 +34,38 @@ def pick_device(prefer: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def kernels(device: torch.device | None = None) -> dict[str, str]:
+    """What computes the numbers on `device` (default: the CPU): torch's version (`torch`) and the kernel
+    path (`kernels`): ATen's CPU capability (AVX512, AVX2, ...; `ATEN_CPU_CAPABILITY` can lower it), the CPU
+    model and the torch thread count, or the CUDA version and GPU name.
+
+    The same spec and seed give bit-identical losses on the same path, but another path sums in another
+    order: measured on the laptop profile L09, `ATEN_CPU_CAPABILITY=avx2` (or `MKL_CBWR=COMPATIBLE`)
+    instead of AVX512 moves the training loss at the 4th decimal by epoch 3, and the final accuracies then
+    differ by a few points. Results from different paths are draws, not reruns (docs/calibration.md)."""
+    device = device or torch.device("cpu")
+    if device.type == "cuda":
+        path = f"cuda {torch.version.cuda}, {torch.cuda.get_device_name(device)}"
+    else:
+        n = torch.get_num_threads()
+        path = f"cpu {torch.backends.cpu.get_cpu_capability()}, {cpu_model()}, {n} thread{'s' if n != 1 else ''}"
+    return {"torch": torch.__version__, "kernels": path}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo, else `platform.processor()`, else "unknown CPU")."""
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def lr_schedule(optimizer, cfg: TrainCfg, total_steps: int, offset: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over cfg.warmup_steps, then constant or cosine down to 10% of the peak, over
     `total_steps`; the scheduler's step k reads the schedule at k + offset (a fresh optimizer that

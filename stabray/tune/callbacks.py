@@ -16,7 +16,7 @@ from typing import Any
 from ray.tune import Callback
 
 from stabray.config import get_path
-from stabray.record import STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
+from stabray.record import KERNEL_KEYS, STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
 from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, numeric_metrics
 from stabray.tune.eaf_stop import STOPPER_WORDS
@@ -174,6 +174,9 @@ class MLflowTuneCallback(Callback):
         if trial.trial_id not in self.logged_step:  # first result since start or restore: ask MLflow
             fresh = trial.trial_id in self.fresh  # a run created by this session has logged nothing yet
             self.logged_step[trial.trial_id] = 0 if fresh else self.store.last_step(rid, "train_loss")
+        kernels = {f"stabray.{k}": str(result[k]) for k in KERNEL_KEYS if k in result}
+        if kernels:  # the first result after a start or restore: what computes the trial from now on
+            self.store.set_tags(rid, kernels)
         if step <= self.logged_step[trial.trial_id]:
             return  # a resumed trial re-reporting an epoch already logged before the crash
         self.logged_step[trial.trial_id] = step
