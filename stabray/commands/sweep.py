@@ -105,6 +105,9 @@ def run(args) -> int:
             run, saved = resumed_run(results, spec.name)
             uri = saved["tracking_uri"]
         check_store(uri, create=True)
+        from stabray.tune.sweep import check_local_resources
+
+        check_local_resources(spec, args.address)
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         if args.resume:
             where = f"{results.uri.rstrip('/')}/{run}"

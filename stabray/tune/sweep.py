@@ -203,6 +203,50 @@ def autoscaling() -> bool:
         return False
 
 
+def local_resources() -> dict[str, float]:
+    """The CPUs and GPUs a Ray instance started on this machine would have, counted as Ray counts
+    them (CPUs within the process's cgroup limit; NVIDIA GPUs, only those CUDA_VISIBLE_DEVICES
+    shows). Ray's counting is a private API: where it has moved, os.cpu_count() and torch's GPUs."""
+    try:
+        from ray._private import accelerators
+        from ray._private.utils import get_num_cpus
+
+        gpus = accelerators.get_accelerator_manager_for_resource("GPU")
+        n_gpu = gpus.get_current_node_num_accelerators()
+        visible = gpus.get_current_process_visible_accelerator_ids()
+        if visible is not None:
+            n_gpu = min(n_gpu, len(visible))
+        return {"CPU": float(get_num_cpus()), "GPU": float(n_gpu)}
+    except Exception:  # noqa: BLE001 - a private API: when it moves, count as torch and os do
+        import torch
+
+        return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+
+
+def check_local_resources(spec: SweepSpec, address: str | None) -> None:
+    """Before Ray starts: when the sweep would start a Ray instance on this machine, a trial asking
+    for more CPUs or GPUs than the machine has is refused now, as `check_resources` would refuse it
+    once Ray has started (`sweep --dry-run` checks it too). A cluster's resources are only known
+    once Ray joins it."""
+    if not local_trials(address):
+        return
+    have = local_resources()
+    addr = address or os.environ.get("RAY_ADDRESS")
+    why = (
+        "--address local"
+        if address
+        else "RAY_ADDRESS=local"
+        if addr
+        else "no --address, RAY_ADDRESS or running cluster"
+    )
+    for key, want in (("CPU", spec.resources.cpu), ("GPU", spec.resources.gpu)):
+        if want > have[key]:
+            raise UserError(
+                f"resources.{key.lower()}: each trial asks for {want:g} {key}, but this machine has {have[key]:g} "
+                f"and the sweep would start Ray here ({why}); lower the request or join a cluster with --address"
+            )
+
+
 def check_resources(spec: SweepSpec) -> None:
     """Fail fast when one trial asks for more than the whole cluster has (it would wait forever),
     unless an autoscaler runs the cluster: it starts the nodes the trials ask for (GPU workers from
@@ -462,6 +506,7 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
 
 def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose, stop):
     resume = saved is not None
+    check_local_resources(spec, address)
     warm = prewarm(spec, data=local_trials(address))
     how = init_ray(address, verbose)
     stop.install()
