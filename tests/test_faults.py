@@ -228,6 +228,19 @@ def test_gpu_request_larger_than_cluster_fails_fast(tmp_path, monkeypatch, capsy
     )
     assert rc == 2
     assert "resources.gpu" in capsys.readouterr().err
+    # joined to a cluster (no local start): its resources, once Ray has joined it
+    from stabray.errors import UserError
+    from stabray.spec import load_spec
+    from stabray.tune import sweep
+
+    monkeypatch.setattr(sweep.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    monkeypatch.setattr(sweep, "autoscaling", lambda: False)
+    spec, _ = load_spec(str(spec))
+    with pytest.raises(UserError, match="each trial asks for 4 GPU, but the Ray cluster has 2 in all"):
+        sweep.check_resources(spec)
+    monkeypatch.setattr(sweep, "autoscaling", lambda: True)  # an autoscaler adds the GPU workers
+    sweep.check_resources(spec)
+    assert "the autoscaler adds nodes" in capsys.readouterr().out
 
 
 def start_ui(tmp_path: Path, db: str, port: int) -> subprocess.Popen:
