@@ -14,7 +14,8 @@ one-sample t-test against the rule (the rule is one number: every seed is tested
 examples), and A - B with Welch's t-test and, on the seeds both ran, a paired t-test and the
 per-seed differences (pairing means most when both profiles draw the same data, i.e. the same task
 settings: a seed then fixes the graphs each trains and is tested on). Both are two-sided; with 3-4
-seeds a side they detect only large effects.
+seeds a side they detect only large effects. When the rows did not all run on one kernel path
+(calibrate.py's `machine` field; older rows have none), it says so: such seeds are draws, not reruns.
 """
 
 from __future__ import annotations
@@ -142,6 +143,12 @@ def _profile_rows(rows: list[dict], name: str) -> dict[int, dict]:
     return by_seed
 
 
+def kernel_paths(side: dict[int, dict]) -> list[str]:
+    """The kernel paths (`machine.kernels` of calibrate.py's rows) a profile's seeds ran on; rows from
+    before it was recorded count as "not recorded"."""
+    return sorted({(r.get("machine") or {}).get("kernels", "not recorded") for r in side.values()})
+
+
 def compare(files: list[str], a: str, b: str) -> str:
     """Profile `a` against its trivial rules and against profile `b`, split by split (see the module
     docstring); a split missing from either side is skipped, and one drawn at other sizes on the two
@@ -154,6 +161,12 @@ def compare(files: list[str], a: str, b: str) -> str:
     ra, rb = _profile_rows(rows, a), _profile_rows(rows, b)
     name_a, name_b = next(iter(ra.values()))["profile"], next(iter(rb.values()))["profile"]
     out = [f"A = {name_a} (seeds {sorted(ra)})", f"B = {name_b} (seeds {sorted(rb)})"]
+    pa, pb = kernel_paths(ra), kernel_paths(rb)
+    if pa != pb or len(pa) > 1:  # one path on both sides is the only like-for-like case
+        out.append(
+            f"kernel paths differ (A: {'; '.join(pa)}; B: {'; '.join(pb)}): rows from another path part at "
+            "the 4th decimal of their loss within a few epochs, so seeds are draws, not reruns"
+        )
     common = sorted(set(ra) & set(rb))
     for split in next(iter(ra.values()))["splits"]:
         if any(split not in r["splits"] for r in [*ra.values(), *rb.values()]):

@@ -576,6 +576,11 @@ def test_calibration_table_compare_against_the_formulas(tmp_path):
     out = subprocess.run([*cmd, "P1", "P4"], capture_output=True, text=True, check=True).stdout
     assert "test_n5: not compared: drawn at sizes 3,5 and 5 (different inputs on the two sides)" in out
     assert "A - B" not in out
+    assert "kernel paths differ" not in out  # none recorded on either side: one (unknown) path
+    machine = {"torch": "2.13.0+cpu", "kernels": "cpu AVX2, X, 1 thread"}
+    res.write_text("".join(json.dumps({**r, "machine": machine} if r["profile"] == "P1_a" else r) + "\n" for r in rows))
+    out = subprocess.run([*cmd, "P1", "P2_b"], capture_output=True, text=True, check=True).stdout
+    assert "kernel paths differ (A: cpu AVX2, X, 1 thread; B: not recorded)" in out
     for bad, named in (("P3", "'P3'"), ("P2", "P2_b, P2_bb")):
         r = subprocess.run([*cmd, "P1", bad], capture_output=True, text=True)
         assert r.returncode != 0 and named in r.stderr and "Traceback" not in r.stderr
