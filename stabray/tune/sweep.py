@@ -231,14 +231,12 @@ def check_local_resources(spec: SweepSpec, address: str | None) -> None:
     if not local_trials(address):
         return
     have = local_resources()
-    addr = address or os.environ.get("RAY_ADDRESS")
-    why = (
-        "--address local"
-        if address
-        else "RAY_ADDRESS=local"
-        if addr
-        else "no --address, RAY_ADDRESS or running cluster"
-    )
+    if address:  # local_trials: "local", or nothing given and no cluster recorded here
+        why = "--address local"
+    elif os.environ.get("RAY_ADDRESS"):
+        why = "RAY_ADDRESS=local"
+    else:
+        why = "no --address, RAY_ADDRESS or running cluster"
     for key, want in (("CPU", spec.resources.cpu), ("GPU", spec.resources.gpu)):
         if want > have[key]:
             raise UserError(
