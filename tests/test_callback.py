@@ -2,6 +2,7 @@
 that the closing figure plots exactly what MLflow holds (read back from memory for a run this driver
 created, from MLflow for one it restored)."""
 
+import json
 import math
 import pickle
 from types import SimpleNamespace
@@ -108,3 +109,20 @@ def test_first_result_after_a_start_sets_the_kernel_tags(tmp_path):
     run = store.client.get_run(rid)
     assert run.data.tags["stabray.kernels"] == "cpu AVX2, Y, 1 thread"  # restored elsewhere: the newest path
     assert not {"torch", "kernels"} & set(run.data.metrics)
+
+
+def test_a_sqlite_stores_artifacts_sit_beside_its_database_not_in_the_working_directory(tmp_path, monkeypatch):
+    """MLflow's default artifact root is ./mlruns of whichever process creates the experiment: a
+    sweep started in another folder would leave its artifacts there. stabray puts them beside the
+    database (`mlruns/<experiment>`), whatever the working directory."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    db = tmp_path / "study" / "mlflow.db"
+    db.parent.mkdir()
+    store = Store(f"sqlite:///{db}", "my sweep/1")
+    parent = store.start_parent("my sweep/1", "run", {})
+    rid = store.start_child(parent, "t1", run_name="t1", params={}, tags={}, config=CONFIG)
+    stored = tmp_path / "study" / "mlruns" / "my_sweep_1" / rid / "artifacts" / "trial_config.json"
+    assert stored.is_file() and json.loads(stored.read_text())["task"]["name"] == "dijkstra"
+    assert list(elsewhere.iterdir()) == []  # no ./mlruns

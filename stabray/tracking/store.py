@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import ssl
 import sys
 import tempfile
@@ -56,6 +57,17 @@ def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: 
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a sqlite tracking URI (None for any other store)."""
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: for a sqlite store, `mlruns/<experiment>` beside the
+    database file (MLflow's own default is `./mlruns` under the working directory of whichever process
+    creates the experiment, so a sweep run from elsewhere, or a test, would scatter them); for other
+    stores their server's default (None)."""
+    db = sqlite_path(uri)
+    if db is None:
+        return None
+    return (db.parent / "mlruns" / (re.sub(r"[^A-Za-z0-9._-]+", "_", experiment) or "_")).as_uri()
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -184,7 +196,11 @@ class Store:
             names = [e.name for e in self.client.search_experiments()]
             raise UserError(f"no MLflow experiment {experiment!r} at {tracking_uri}; available: {names}")
         if exp is None:
-            self.experiment_id = self.client.create_experiment(experiment, tags={EXPERIMENT_KIND: MODEL_TRAINING})
+            self.experiment_id = self.client.create_experiment(
+                experiment,
+                artifact_location=artifact_location(tracking_uri, experiment),
+                tags={EXPERIMENT_KIND: MODEL_TRAINING},
+            )
         else:
             self.experiment_id = exp.experiment_id
             if create and EXPERIMENT_KIND not in exp.tags:  # a store made before the tag existed
