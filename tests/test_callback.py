@@ -126,3 +126,8 @@ def test_a_sqlite_stores_artifacts_sit_beside_its_database_not_in_the_working_di
     stored = tmp_path / "study" / "mlruns" / "my_sweep_1" / rid / "artifacts" / "trial_config.json"
     assert stored.is_file() and json.loads(stored.read_text())["task"]["name"] == "dijkstra"
     assert list(elsewhere.iterdir()) == []  # no ./mlruns
+    from stabray.tracking.store import artifact_location
+
+    for name, folder in (("..", "_"), (".", "_"), ("/", "_"), ("a..b", "a..b"), ("x y", "x_y")):
+        assert artifact_location(f"sqlite:///{db}", name) == (db.parent / "mlruns" / folder).as_uri()
+    assert artifact_location("http://127.0.0.1:5000", "x") is None  # a server's own default

@@ -67,7 +67,8 @@ def artifact_location(uri: str, experiment: str) -> str | None:
     db = sqlite_path(uri)
     if db is None:
         return None
-    return (db.parent / "mlruns" / (re.sub(r"[^A-Za-z0-9._-]+", "_", experiment) or "_")).as_uri()
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    return (db.parent / "mlruns" / (folder if folder.strip(".") else "_")).as_uri()  # never "" "." or ".."
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
