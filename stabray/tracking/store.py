@@ -68,7 +68,8 @@ def artifact_location(uri: str, experiment: str) -> str | None:
     if db is None:
         return None
     folder = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
-    return (db.parent / "mlruns" / (folder if folder.strip(".") else "_")).as_uri()  # never "" "." or ".."
+    root = db.absolute().parent / "mlruns"  # a relative sqlite path is relative to this process, as in MLflow
+    return (root / (folder if folder.strip(".") else "_")).as_uri()  # never "" "." or ".."
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
