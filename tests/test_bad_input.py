@@ -130,6 +130,8 @@ CASES = [
     ("tracking_db_is_folder", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": None, "s.yaml": spec()}, ["m.db: a directory, not an MLflow database"]),
     ("tracking_db_folder_missing", ["sweep", "s.yaml", "--tracking-uri", "sqlite:///nowhere/m.db"], {"s.yaml": spec()}, ["nowhere", "does not exist"]),
     ("ray_address_dead", ["sweep", "s.yaml", "--address", "127.0.0.1:{port}"], {"s.yaml": spec()}, ["no Ray cluster answers at 127.0.0.1:", "--address local"]),
+    ("dry_run_ray_address_dead", ["sweep", "s.yaml", "--dry-run", "--address", "127.0.0.1:{port}"], {"s.yaml": spec()}, ["no Ray cluster answers at 127.0.0.1:", "--address local"]),
+    ("dry_run_address_not_an_address", ["sweep", "s.yaml", "--dry-run", "--address", "garbage"], {"s.yaml": spec()}, ["--address garbage", "not a Ray address"]),
     # -- data
     ("data_unknown_task", ["data", "dijkstar"], {}, ["unknown task 'dijkstar'", "did you mean 'dijkstra'"]),
     ("data_out_folder_missing", ["data", "dijkstra", "--out", "nowhere/x.jsonl"], {}, ["--out", "nowhere", "does not exist"]),
@@ -491,3 +493,20 @@ def test_sweep_with_a_stale_ray_address_exits_2_creating_nothing(stale_ray_file,
     err = capsys.readouterr().err
     assert addr in err and "--address local" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in work.iterdir()) == ["s.yaml"]  # no mlflow.db, no stabray_runs
+
+
+def test_dry_run_reports_a_stale_ray_address_too(stale_ray_file, tmp_path, monkeypatch, capsys):
+    """`sweep --dry-run` checks where the sweep would run as the real run does: the stale recorded
+    address is named, exit 2, and Ray is not started."""
+    import ray
+
+    from stabray.cli import main
+
+    addr, file = stale_ray_file
+    write(tmp_path / "s.yaml", spec())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["sweep", "s.yaml", "--dry-run", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]) == 2
+    err = capsys.readouterr().err
+    assert addr in err and str(file) in err and len(err.strip().splitlines()) == 1
+    assert not ray.is_initialized()

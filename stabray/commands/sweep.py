@@ -40,7 +40,7 @@ def register(sub) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the spec, the tracking store and the storage, print the resolved spec, run nothing",
+        help="check the spec, tracking store, storage and Ray address; print the resolved spec, run nothing",
     )
     p.add_argument(
         "-v",
@@ -105,8 +105,9 @@ def run(args) -> int:
             run, saved = resumed_run(results, spec.name)
             uri = saved["tracking_uri"]
         check_store(uri, create=True)
-        from stabray.tune.sweep import check_local_resources
+        from stabray.tune.sweep import check_local_resources, ray_target
 
+        ray_target(args.address)  # an address nothing answers at, or a stale one recorded here
         check_local_resources(spec, args.address)
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         if args.resume:

@@ -141,21 +141,15 @@ def ray_env() -> None:
     os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
 
-def init_ray(address: str | None = None, verbose: bool = False) -> str:
-    """Join a cluster (--address, RAY_ADDRESS, or the one `ray start` / `ray up` recorded on this
-    machine) or start a local one. Returns a short description. Unless verbose, the trials' own output
-    (Ray's checkpoint lines, warnings) is not forwarded to this console: it stays in each trial's
-    directory. An address nothing answers at is a UserError within seconds (Ray itself retries a
-    dead address for minutes)."""
-    if ray.is_initialized():
-        return "already initialised"
-    ray_env()
+def ray_target(address: str | None = None) -> tuple[str | None, str]:
+    """Where `init_ray(address)` would go, checked without starting or joining anything: (the address
+    for `ray.init`: "local" for a fresh local instance, None to start one, else the cluster to join;
+    a short description). An address that is not one, or that nothing answers at (given, or recorded
+    by a Ray instance that has since stopped), is a UserError within seconds: Ray itself retries a
+    dead address for minutes. `sweep --dry-run` calls this too."""
     addr = address or os.environ.get("RAY_ADDRESS")
-    kwargs = dict(include_dashboard=False, log_to_driver=verbose, configure_logging=False)
     if addr == "local":  # always a fresh local instance (tests, benchmarks: never join another's)
-        os.environ.pop("RAY_ADDRESS", None)
-        ray.init(address="local", **kwargs)
-        return "started a local Ray instance"
+        return "local", "started a local Ray instance"
     if addr and addr != "auto":
         given = "--address" if address else "RAY_ADDRESS"
         if not addr.startswith("ray://") and host_port(addr) is None:
@@ -169,12 +163,10 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
                 f"no Ray cluster answers at {addr} ({given}; {why}); start it, or run on a fresh local "
                 "instance with --address local"
             )
-        ray.init(address=addr, **kwargs)
-        return f"joined Ray cluster at {addr}"
+        return addr, f"joined Ray cluster at {addr}"
     found, source = running_ray(auto=addr == "auto")
     if found is None:
-        ray.init(**kwargs)
-        return "started a local Ray instance"
+        return None, "started a local Ray instance"
     why = unreachable(found)
     if why:
         remove = f", or delete {source}" if os.path.isabs(source) else ""
@@ -182,8 +174,22 @@ def init_ray(address: str | None = None, verbose: bool = False) -> str:
             f"{source} names the Ray cluster {found}, but nothing answers there ({why}): a Ray instance that "
             f"stopped left it behind; start a fresh local instance with --address local{remove}"
         )
-    ray.init(address=found, **kwargs)
-    return f"joined the running Ray cluster at {found}"
+    return found, f"joined the running Ray cluster at {found}"
+
+
+def init_ray(address: str | None = None, verbose: bool = False) -> str:
+    """Join a cluster (--address, RAY_ADDRESS, or the one `ray start` / `ray up` recorded on this
+    machine) or start a local one, as `ray_target` decides and checks. Returns a short description.
+    Unless verbose, the trials' own output (Ray's checkpoint lines, warnings) is not forwarded to
+    this console: it stays in each trial's directory."""
+    if ray.is_initialized():
+        return "already initialised"
+    ray_env()
+    target, how = ray_target(address)
+    if target == "local":
+        os.environ.pop("RAY_ADDRESS", None)
+    ray.init(address=target, include_dashboard=False, log_to_driver=verbose, configure_logging=False)
+    return how
 
 
 def autoscaling() -> bool:
