@@ -92,7 +92,8 @@ def test_trial_run_and_closing_figure(tmp_path, monkeypatch):
 
 def test_first_result_after_a_start_sets_the_kernel_tags(tmp_path):
     """The trainable's first result after each start or restore names torch and its kernel path: the
-    run keeps them as tags, a restore on another path overwrites them, and neither is logged as a metric."""
+    run keeps them as tags, a restore on another path overwrites them and starts stabray.kernels_history
+    (which epochs each path computed), and neither is logged as a metric."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     store = Store(uri, "cb")
     parent = store.start_parent("cb", "cb-run", {})
@@ -108,6 +109,14 @@ def test_first_result_after_a_start_sets_the_kernel_tags(tmp_path):
     cb.on_trial_result(0, [trial], trial, {**RESULTS[1], "training_iteration": 2, "kernels": "cpu AVX2, Y, 1 thread"})
     run = store.client.get_run(rid)
     assert run.data.tags["stabray.kernels"] == "cpu AVX2, Y, 1 thread"  # restored elsewhere: the newest path
+    assert (
+        run.data.tags["stabray.kernels_history"]
+        == "1: 2.13.0+cpu, cpu AVX512, X, 1 thread; 2: 2.13.0+cpu, cpu AVX2, Y, 1 thread"
+    )
+    cb.on_trial_result(0, [trial], trial, {**RESULTS[1], "training_iteration": 3, "kernels": "cpu AVX2, Y, 1 thread"})
+    cb.on_trial_result(0, [trial], trial, {**RESULTS[1], "training_iteration": 4, "kernels": "cpu AVX512, X, 1 thread"})
+    history = store.client.get_run(rid).data.tags["stabray.kernels_history"]  # the same path again adds nothing
+    assert history.split("; ")[1:] == ["2: 2.13.0+cpu, cpu AVX2, Y, 1 thread", "4: 2.13.0+cpu, cpu AVX512, X, 1 thread"]
     assert not {"torch", "kernels"} & set(run.data.metrics)
 
 

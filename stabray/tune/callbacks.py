@@ -13,6 +13,7 @@ import sys
 import traceback
 from typing import Any
 
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from ray.tune import Callback
 
 from stabray.config import get_path
@@ -22,6 +23,7 @@ from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, num
 from stabray.tune.eaf_stop import STOPPER_WORDS
 
 CURVES = ("train_loss", "val_acc", "val_eaf")  # per-epoch metrics in each trial's plots/curves.png
+KERNEL_HISTORY = "stabray.kernels_history"  # tag: "<epoch>: <torch>, <path>; ..." once a restore changed the path
 
 
 class MLflowTuneCallback(Callback):
@@ -176,7 +178,7 @@ class MLflowTuneCallback(Callback):
             self.logged_step[trial.trial_id] = 0 if fresh else self.store.last_step(rid, "train_loss")
         kernels = {f"stabray.{k}": str(result[k]) for k in KERNEL_KEYS if k in result}
         if kernels:  # the first result after a start or restore: what computes the trial from now on
-            self.store.set_tags(rid, kernels)
+            self.store.set_tags(rid, {**kernels, **self._kernel_history(rid, kernels, step)})
         if step <= self.logged_step[trial.trial_id]:
             return  # a resumed trial re-reporting an epoch already logged before the crash
         self.logged_step[trial.trial_id] = step
@@ -189,6 +191,18 @@ class MLflowTuneCallback(Callback):
         table = result.get(STABILITY_TABLE)
         if table:
             log_stability_table(self.store, rid, table)
+
+    def _kernel_history(self, rid: str, kernels: dict[str, str], step: int) -> dict[str, str]:
+        """`stabray.kernels_history` when a restore runs on another torch or kernel path than the run's
+        tags name: "<first epoch>: <torch>, <path>; ..." per stretch, so the run says which epochs each
+        computed (the tags themselves name the newest). Nothing while the path stays the same."""
+        tags = self.store.client.get_run(rid).data.tags
+        before = {k: tags[k] for k in (f"stabray.{k}" for k in KERNEL_KEYS) if k in tags}
+        now = {**before, **kernels}
+        if not before or before == now:
+            return {}
+        past = tags.get(KERNEL_HISTORY) or f"1: {', '.join(before.values())}"
+        return {KERNEL_HISTORY: f"{past}; {step}: {', '.join(now.values())}"[-MAX_TAG_VAL_LENGTH:]}
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # the latest checkpoint (older ones are deleted: num_to_keep=1), for `stabray stability <run id>`
