@@ -27,13 +27,15 @@ def build_report(
     `rule` selects each (task, method)'s configuration for the paper's tables; the Pareto front is
     over `objectives` ("val_acc:max,val_eaf:min"; default: the sweep's own when it searched several,
     else val_acc against val_eaf)."""
-    from stabray.errors import UserError
+    from stabray.errors import UserError, unwritable
 
     out = Path(out or Path("reports") / experiment)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: a file, not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"--out {out}: the folder holds files already; pass --force to overwrite them")
+    if why := unwritable(out):
+        raise UserError(f"--out {out}: {why}")
     from stabray.progress import stage
 
     front_of = flag_objectives(objectives) if objectives else None  # a bad flag fails before anything is read

@@ -642,7 +642,7 @@ def reproduce(
     """Plan, then (unless `dry_run`) run the study: reuse or run each spec, select and rerun where the
     study says so, write its outputs into `out` (default ./reports/reproduce-<study>-<profile>) and log
     them to the study's parent run. Returns the folder (None for a dry run)."""
-    from stabray.errors import UserError
+    from stabray.errors import UserError, unwritable
 
     t0 = time.perf_counter()
     if isinstance(study, Study):
@@ -656,6 +656,8 @@ def reproduce(
     out = Path(out or Path("reports") / f"reproduce-{st.name}-{profile}")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: a file, not a directory")
+    if why := unwritable(out):
+        raise UserError(f"--out {out}: {why}")
     specs = [resolve_spec(name, seeds, tracking_uri) for name in plan.specs]  # every spec error first
     check_places(specs, storage)
     for sp in specs:

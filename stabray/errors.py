@@ -1,5 +1,8 @@
 """Errors a user can fix. The CLI prints their message and exits with code 2."""
 
+import tempfile
+from pathlib import Path
+
 
 class UserError(ValueError):
     """Bad input: an unknown name, a misspelled key, an impossible value."""
@@ -12,3 +15,20 @@ class SpecError(UserError):
     def __init__(self, path: str, field: str, problem: str, related: tuple[str, ...] = ()):
         self.path, self.field, self.problem, self.related = str(path), field, problem, tuple(related)
         super().__init__(f"{self.path}: {field}: {problem}")
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why this process cannot create files at `path` (an existing folder, or the nearest existing
+    folder above one still to be created), or None when it can (or when that is a file, which the
+    callers' own checks name). Probed by creating and removing a nameless temporary file: permission
+    bits say nothing for root, on /proc or /sys, or on a read-only mount."""
+    path = Path(path).absolute()
+    folder = next((p for p in (path, *path.parents) if p.exists()), None)
+    if folder is None or not folder.is_dir():
+        return None
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot create files in {folder} ({e.strerror or type(e).__name__})"
+    return None

@@ -124,6 +124,10 @@ CASES = [
     ("more_cpus_than_this_machine", ["sweep", "s.yaml", "--set", "resources.cpu=4096"], {"s.yaml": spec()}, ["resources.cpu: each trial asks for 4096 CPU, but this machine has", "join a cluster with --address"]),
     ("dry_run_checks_the_store", ["sweep", "s.yaml", "--dry-run", "--tracking-uri", "foo://bar"], {"s.yaml": spec()}, ["no store for 'foo' URIs"]),
     ("dry_run_checks_the_storage", ["sweep", "s.yaml", "--dry-run", "--storage", "f/runs"], {"f": "x", "s.yaml": spec()}, ["--storage", "f is a file, not a directory"]),
+    # /proc takes no new files, for root too: permission bits would not have said so
+    ("storage_cannot_be_created", ["sweep", "s.yaml", "--storage", "/proc/stabray_runs"], {"s.yaml": spec()}, ["--storage /proc/stabray_runs", "cannot create files in /proc"]),
+    ("dry_run_storage_cannot_be_created", ["sweep", "s.yaml", "--dry-run", "--storage", "/proc/stabray_runs"], {"s.yaml": spec()}, ["--storage /proc/stabray_runs", "cannot create files in /proc"]),
+    ("tracking_db_cannot_be_created", ["sweep", "s.yaml", "--tracking-uri", "sqlite:////proc/m.db"], {"s.yaml": spec()}, ["tracking store sqlite:////proc/m.db", "cannot create files in /proc"]),
     ("tracking_db_driver_missing", ["report", "--experiment", "x", "--tracking-uri", "mysql://u@127.0.0.1:1/db"], {}, ["cannot open the MLflow store mysql://", "database driver is not installed (SQLAlchemy found no module 'MySQLdb'; pip install mysqlclient)"]),
     ("tracking_server_down", ["sweep", "s.yaml", "--tracking-uri", "http://127.0.0.1:1"], {"s.yaml": spec()}, ["cannot reach the MLflow tracking server at http://127.0.0.1:1"]),
     ("tracking_db_not_sqlite", ["sweep", "s.yaml", "--tracking-uri", "m.db"], {"m.db": "garbage" * 10, "s.yaml": spec()}, ["m.db", "not an SQLite database"]),
@@ -137,6 +141,7 @@ CASES = [
     ("data_out_folder_missing", ["data", "dijkstra", "--out", "nowhere/x.jsonl"], {}, ["--out", "nowhere", "does not exist"]),
     ("data_out_is_folder", ["data", "dijkstra", "--out", "d"], {"d": None}, ["--out d", "is a directory"]),
     ("data_out_exists", ["data", "dijkstra", "--out", "x.jsonl"], {"x.jsonl": "mine\n"}, ["x.jsonl", "--force"]),
+    ("data_out_cannot_be_created", ["data", "dijkstra", "--out", "/proc/x.jsonl"], {}, ["--out /proc/x.jsonl", "cannot create files in /proc"]),
     ("data_bad_param", ["data", "dijkstra", "--param", "n_nodes=abc"], {}, ["n_nodes must be an integer"]),
     ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'"]),
     ("data_unknown_flag", ["data", "dijkstra", "--set", "n_nodes=3"], {}, ["stabray data: unrecognized arguments: --set n_nodes=3", "see stabray data --help"]),
@@ -160,6 +165,7 @@ CASES = [
     ("stability_target_missing", ["stability", "runs/ck"], {}, ["runs/ck", "no such checkpoint directory"]),
     ("stability_out_exists", ["stability", "ck", "--out", "o"], lambda d, f: with_outputs(d, f), ["stability.csv exists", "--force"]),
     ("stability_out_is_file", ["stability", "ck", "--out", "o"], lambda d, f: with_outputs(d, f, as_file=True), ["--out o", "a file"]),
+    ("stability_out_cannot_be_created", ["stability", "ck", "--out", "/proc/o"], lambda d, f: damage(d, f, None, None), ["--out /proc/o", "cannot create files in /proc"]),
     ("stability_T_negative", ["stability", "ck", "--T", "-1"], lambda d, f: damage(d, f, None, None), ["--T must be >= 1", "got -1"]),
     ("stability_n_zero", ["stability", "ck", "--n", "0"], lambda d, f: damage(d, f, None, None), ["--n", ">= 1"]),
     # -- report, icl-figures, ui, tasks, the command itself
@@ -180,6 +186,8 @@ CASES = [
     ("report_ray_dir_params_list", ["report", "--experiment", "x", "--ray-dir", "d"], {"d": None, "d/t0": None, "d/t0/params.json": "[1, 2]"}, ["params.json", "expected a JSON dict"]),
     ("report_out_not_empty", ["report", "--experiment", "x", "--out", "o"], {"o": None, "o/mine.md": "x"}, ["--out o", "--force"]),
     ("report_out_is_file", ["report", "--experiment", "x", "--out", "o"], {"o": "x"}, ["--out o", "a file"]),
+    ("report_out_cannot_be_created", ["report", "--experiment", "x", "--out", "/proc/o"], {}, ["--out /proc/o", "cannot create files in /proc"]),
+    ("reproduce_out_cannot_be_created", ["reproduce", "table1", "--dry-run", "--out", "/proc/o"], {}, ["--out /proc/o", "cannot create files in /proc"]),
     ("icl_figures_no_store", ["icl-figures", "nope"], {}, ["'nope' is not a directory", "no MLflow store"]),
     ("icl_figures_wrong_task", ["icl-figures", "ck"], lambda d, f: damage(d, f, None, None), ["dijkstra", "icl_linear or icl_quadratic"]),
     ("ui_optuna_not_sqlite", ["ui", "--optuna", "x.db", "--no-wait"], {"x.db": "garbage" * 10}, ["--optuna x.db", "not an SQLite database"]),
@@ -510,3 +518,15 @@ def test_dry_run_reports_a_stale_ray_address_too(stale_ray_file, tmp_path, monke
     err = capsys.readouterr().err
     assert addr in err and str(file) in err and len(err.strip().splitlines()) == 1
     assert not ray.is_initialized()
+
+
+def test_unwritable_probes_the_nearest_existing_folder(tmp_path):
+    """A folder this process can write to, or one still to be created below it, is fine; /proc (no new
+    files, for root too) is named; a path under a file is left to the callers' own check."""
+    from stabray.errors import unwritable
+
+    assert unwritable(tmp_path) is None and unwritable(tmp_path / "a" / "b") is None
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
+    assert unwritable("/proc/stabray/x") == "cannot create files in /proc (No such file or directory)"
+    (tmp_path / "f").write_text("x")
+    assert unwritable(tmp_path / "f" / "sub") is None

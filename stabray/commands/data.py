@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from stabray.errors import UserError
+from stabray.errors import UserError, unwritable
 
 SPLITS = ("train", "val", "test", "test_long", "test_longer")  # a task with long_sizes has test_n<k> instead
 
@@ -58,6 +58,8 @@ def check_output_file(path: str, force: bool) -> Path:
         raise UserError(f"--out {path}: the directory {out.parent} does not exist")
     if out.exists() and not force:
         raise UserError(f"--out {path}: the file exists; pass --force to overwrite it")
+    if why := unwritable(out.parent):
+        raise UserError(f"--out {path}: {why}")
     return out
 
 

@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from stabray.errors import UserError
+from stabray.errors import UserError, unwritable
 
 
 def register(subparsers) -> None:
@@ -69,6 +69,8 @@ def check_out(out: Path, force: bool) -> None:
         raise UserError(f"--out {out}: a file, not a directory")
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: the directory {out.parent} does not exist")
+    if why := unwritable(out):
+        raise UserError(f"--out {out}: {why}")
     there = [f for f in OUTPUTS if (out / f).exists()]
     if there and not force:
         raise UserError(f"{out / there[0]} exists; pass --force to overwrite it, or --out another folder")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stabray.errors import UserError
+from stabray.errors import UserError, unwritable
 from stabray.record import TrialRecord, logged_name, record_name, trial_status
 
 ROLE, SWEEP, TRIAL_ID = "stabray.role", "stabray.sweep", "stabray.trial_id"
@@ -134,6 +134,8 @@ def check_store(uri: str, *, create: bool) -> None:
             raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
         elif not db.parent.is_dir():
             raise UserError(f"tracking store {uri}: the directory {db.parent} does not exist")
+        if create and (why := unwritable(db.parent)):  # SQLite writes its journal beside the database
+            raise UserError(f"tracking store {uri}: {why}")
         return
     if uri.startswith(("http://", "https://")):
         import urllib.error

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stabray.errors import UserError
+from stabray.errors import UserError, unwritable
 from stabray.record import is_run_folder
 
 DEFAULT = "stabray_runs"
@@ -109,6 +109,8 @@ def open_storage(location: str | None, label: str = "storage") -> Storage:
         above = next((p for p in root.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             raise UserError(f"{label} {root}: {above} is a file, not a directory")
+        if why := unwritable(root):
+            raise UserError(f"{label} {root}: {why}")
         return Storage(str(root), pafs.LocalFileSystem(), str(root))
     uri = location.rstrip("/")
     try:
