@@ -25,6 +25,7 @@ from stabray.record import TrialRecord, logged_name, record_name, trial_status
 ROLE, SWEEP, TRIAL_ID = "stabray.role", "stabray.sweep", "stabray.trial_id"
 PARENT = "mlflow.parentRunId"
 CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
+TAG_CHARS = 4900  # the most characters of a tag value stabray keeps: under the 5,000 older MLflow servers take
 STATUS = "stabray.status"  # tag: the trial's status when MLflow's own has no word for it (STOPPED)
 STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the scheduler stopped the trial
 STOPPED_BY = "stabray.stopped_by"  # tag: what stopped it early: asha, or eaf_stop (the EAF rule)
@@ -308,6 +309,9 @@ class Store:
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)
+
+    def tags(self, run_id: str) -> dict[str, str]:
+        return self.client.get_run(run_id).data.tags
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         """Several tags in one request (`set_tag` per key is one database transaction each)."""

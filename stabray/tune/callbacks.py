@@ -13,13 +13,12 @@ import sys
 import traceback
 from typing import Any
 
-from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from ray.tune import Callback
 
 from stabray.config import get_path
 from stabray.record import KERNEL_KEYS, STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
 from stabray.tracking import Store, ended_status
-from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, numeric_metrics
+from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, TAG_CHARS, numeric_metrics
 from stabray.tune.eaf_stop import STOPPER_WORDS
 
 CURVES = ("train_loss", "val_acc", "val_eaf")  # per-epoch metrics in each trial's plots/curves.png
@@ -196,13 +195,13 @@ class MLflowTuneCallback(Callback):
         """`stabray.kernels_history` when a restore runs on another torch or kernel path than the run's
         tags name: "<first epoch>: <torch>, <path>; ..." per stretch, so the run says which epochs each
         computed (the tags themselves name the newest). Nothing while the path stays the same."""
-        tags = self.store.client.get_run(rid).data.tags
+        tags = self.store.tags(rid)
         before = {k: tags[k] for k in (f"stabray.{k}" for k in KERNEL_KEYS) if k in tags}
         now = {**before, **kernels}
         if not before or before == now:
             return {}
         past = tags.get(KERNEL_HISTORY) or f"1: {', '.join(before.values())}"
-        return {KERNEL_HISTORY: f"{past}; {step}: {', '.join(now.values())}"[-MAX_TAG_VAL_LENGTH:]}
+        return {KERNEL_HISTORY: f"{past}; {step}: {', '.join(now.values())}"[-TAG_CHARS:]}
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # the latest checkpoint (older ones are deleted: num_to_keep=1), for `stabray stability <run id>`
@@ -265,7 +264,7 @@ class MLflowTuneCallback(Callback):
         rid = self._run_id(trial)
         path = getattr(trial, "error_file", None)
         err = _read(path) if path else "trial failed (no error file)"
-        self.store.set_tag(rid, "stabray.error", err[-4900:])
+        self.store.set_tag(rid, "stabray.error", err[-TAG_CHARS:])
         self.store.log_text(rid, err, "error.txt")
         last_line = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "error")
         self._close(trial, rid, error=last_line.strip()[:300])
