@@ -118,9 +118,9 @@ def check_scheme(uri: str) -> None:
 
 def check_store(uri: str, *, create: bool) -> None:
     """Fail fast, creating nothing, when a tracking store cannot be used: a URI scheme MLflow has no
-    store for; a sqlite path that is a folder, not a database, or (`create=False`) missing, or in a
-    folder that does not exist; an HTTP(S) server that does not answer within REACH_TIMEOUT_S (MLflow
-    itself retries for minutes)."""
+    store for; a sqlite path that is a folder, not a database, or (`create=False`) missing, or to be
+    created in a folder that does not exist or takes no new files; an HTTP(S) server that does not
+    answer within REACH_TIMEOUT_S (MLflow itself retries for minutes)."""
     check_scheme(uri)
     db = sqlite_path(uri)
     if db is not None:
@@ -135,7 +135,7 @@ def check_store(uri: str, *, create: bool) -> None:
             raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
         elif not db.parent.is_dir():
             raise UserError(f"tracking store {uri}: the directory {db.parent} does not exist")
-        if create and (why := unwritable(db.parent)):  # SQLite writes its journal beside the database
+        elif why := unwritable(db.parent):  # a database to create; one that exists may be read where it is
             raise UserError(f"tracking store {uri}: {why}")
         return
     if uri.startswith(("http://", "https://")):
