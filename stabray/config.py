@@ -350,6 +350,16 @@ class Dist(Strict):
     uniform: tuple[FiniteFloat, FiniteFloat] | None = None
     randint: tuple[int, int] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, v: Any) -> Any:
+        if isinstance(v, (dict, Dist)):
+            return v
+        raise ValueError(
+            f"expected a distribution ({{choice: [...]}}, {{loguniform: [low, high]}}, {{uniform: [low, high]}} "
+            f"or {{randint: [low, high]}}), got {v!r}; for one fixed value give {{choice: [{v!r}]}}"
+        )
+
     def kind(self) -> str:
         set_ = [k for k in ("choice", "loguniform", "uniform", "randint") if getattr(self, k) is not None]
         if len(set_) != 1:

@@ -98,6 +98,7 @@ CASES = [
     ("implicit_unit_unknown", ["sweep", "s.yaml"], {"s.yaml": spec(method={"name": "implicit_cot", "params": {"unit": "words"}}, search={"space": {"lam": None, "bits": None}})}, ["unit must be 'steps' or 'tokens'", "'words'"]),
     ("eaf_chain_unknown", ["sweep", "dijkstra", "--set", "eval.eaf_chain=own"], {}, ["--set eval.eaf_chain=own", "'gold' or 'generated'"]),
     ("icl_last_target_unknown", ["sweep", "icl_linear", "--set", "task.params.last_target=theta"], {}, ["last_target must be 'star' or 'gd'", "'theta'"]),
+    ("space_value_not_a_distribution", ["sweep", "dijkstra", "--set", "search.space.lr=0.01"], {}, ["--set search.space.lr=0.01", "search.space.lr: expected a distribution", "{choice: [0.01]}"]),
     ("two_distributions", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"choice": [1e-3], "uniform": [1e-3, 2e-3]}}})}, ["search.space.lr", "exactly one of"]),
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),
