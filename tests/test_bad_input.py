@@ -531,3 +531,36 @@ def test_unwritable_probes_the_nearest_existing_folder(tmp_path):
     assert unwritable("/proc/stabray/x") == "cannot create files in /proc (No such file or directory)"
     (tmp_path / "f").write_text("x")
     assert unwritable(tmp_path / "f" / "sub") is None
+
+
+def test_a_sweep_into_an_existing_database_that_takes_no_writes_is_refused(tmp_path, monkeypatch, capsys):
+    """An existing tracking database in a folder that takes no new files (a read-only mount: SQLite
+    writes its journal beside the database): a sweep, and its --dry-run, name it and exit 2 before
+    anything starts; `stabray ui`'s check (create, no write) still lets it be browsed where it is. A
+    read-only mount cannot be made in a test, so the probe answers as on one."""
+    import sqlite3
+
+    from stabray.cli import main
+    from stabray.errors import UserError
+    from stabray.tracking import check_store, store
+
+    db = tmp_path / "ro" / "m.db"
+    db.parent.mkdir()
+    sqlite3.connect(db).close()  # a real (empty) SQLite file
+    probe = store.unwritable
+    monkeypatch.setattr(
+        store,
+        "unwritable",
+        lambda p: f"cannot create files in {p} (Read-only file system)" if Path(p) == db.parent else probe(p),
+    )
+    uri = f"sqlite:///{db}"
+    check_store(uri, create=True)  # browsing: read where it is
+    with pytest.raises(UserError, match=r"a sweep writes to it, but cannot create files in .*/ro \(Read-only"):
+        check_store(uri, create=True, write=True)
+    write(tmp_path / "s.yaml", spec())
+    monkeypatch.chdir(tmp_path)
+    for extra in (["--dry-run"], []):
+        assert main(["sweep", "s.yaml", "--tracking-uri", uri, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"tracking store {uri}: a sweep writes to it" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro", "s.yaml"]  # no stabray_runs, no mlruns

@@ -104,7 +104,7 @@ def run(args) -> int:
 
             run, saved = resumed_run(results, spec.name)
             uri = saved["tracking_uri"]
-        check_store(uri, create=True)
+        check_store(uri, create=True, write=True)
         from stabray.tune.sweep import check_local_resources, ray_target
 
         ray_target(args.address)  # an address nothing answers at, or a stale one recorded here

@@ -116,11 +116,14 @@ def check_scheme(uri: str) -> None:
         )
 
 
-def check_store(uri: str, *, create: bool) -> None:
+def check_store(uri: str, *, create: bool, write: bool = False) -> None:
     """Fail fast, creating nothing, when a tracking store cannot be used: a URI scheme MLflow has no
     store for; a sqlite path that is a folder, not a database, or (`create=False`) missing, or to be
-    created in a folder that does not exist or takes no new files; an HTTP(S) server that does not
-    answer within REACH_TIMEOUT_S (MLflow itself retries for minutes)."""
+    created in a folder that does not exist or takes no new files; (`write=True`, a sweep) an existing
+    database in a folder that takes no new files (a read-only mount: SQLite writes its journal beside
+    the database, so the first write would fail after Ray started); an HTTP(S) server that does not
+    answer within REACH_TIMEOUT_S (MLflow itself retries for minutes). Without `write`, a database
+    that exists is only read where it is (`stabray ui` can browse one on a read-only mount)."""
     check_scheme(uri)
     db = sqlite_path(uri)
     if db is not None:
@@ -131,11 +134,13 @@ def check_store(uri: str, *, create: bool) -> None:
                 head = f.read(len(SQLITE_HEADER))
             if head and head != SQLITE_HEADER:  # an empty file is an empty database
                 raise UserError(f"tracking store {uri}: not an SQLite database (a damaged or another file)")
+            if write and (why := unwritable(db.parent)):
+                raise UserError(f"tracking store {uri}: a sweep writes to it, but {why}")
         elif not create:
             raise UserError(f"no MLflow store at {db} (run a sweep first, or pass --tracking-uri)")
         elif not db.parent.is_dir():
             raise UserError(f"tracking store {uri}: the directory {db.parent} does not exist")
-        elif why := unwritable(db.parent):  # a database to create; one that exists may be read where it is
+        elif why := unwritable(db.parent):  # a database to create
             raise UserError(f"tracking store {uri}: {why}")
         return
     if uri.startswith(("http://", "https://")):

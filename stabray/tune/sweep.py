@@ -425,7 +425,7 @@ def run_sweep(
         run = run_folder(spec.name)
     quiet_logs(verbose)
     # Everything that can fail does so before anything is created: no store, no results folder.
-    check_store(uri, create=True)  # a server that does not answer, a damaged database: before Ray starts
+    check_store(uri, create=True, write=True)  # a server that does not answer, a damaged database: before Ray starts
     with GracefulStop() as stop:
         try:
             return _run(
