@@ -179,9 +179,10 @@ def compare(files: list[str], a: str, b: str) -> str:
         xa = [ra[s]["splits"][split]["acc"] for s in sorted(ra)]
         xb = [rb[s]["splits"][split]["acc"] for s in sorted(rb)]
         rule = next(iter(ra.values()))["splits"][split]["best_rule"]
-        sd = statistics.stdev(xa) if len(xa) > 1 else float("nan")
         mean_a = statistics.mean(xa)
-        line = f"{split}: A {mean_a:.3f} ± {sd:.3f}, rule {rule:.3f}, A - rule {mean_a - rule:+.3f}"
+        spread = f"± {statistics.stdev(xa):.3f}" if len(xa) > 1 else "(one seed)"
+        line = f"{split}: A {mean_a:.3f} {spread}, rule {rule:.3f}, A - rule {mean_a - rule:+.3f}"
+        sd = statistics.stdev(xa) if len(xa) > 1 else 0.0
         if len(xa) > 1 and sd > 0:
             line += f" (t-test p={fmt_p(float(stats.ttest_1samp(xa, rule).pvalue))})"
         line += f"; A - B {mean_a - statistics.mean(xb):+.3f}"
@@ -195,6 +196,9 @@ def compare(files: list[str], a: str, b: str) -> str:
             pair = stats.ttest_rel(pa, pb)
             p = fmt_p(float(pair.pvalue)) if statistics.pstdev(diffs) > 0 else "-"
             line += f", paired on seeds {common}: {' '.join(f'{d:+.3f}' for d in diffs)} (p={p})"
+        elif common:  # one shared seed: its difference, no test
+            (s,) = common
+            line += f", on seed {s}: {ra[s]['splits'][split]['acc'] - rb[s]['splits'][split]['acc']:+.3f}"
         out.append(line)
     return "\n".join(out) + "\n"
 

@@ -568,6 +568,11 @@ def test_calibration_table_compare_against_the_formulas(tmp_path):
     tp = d.mean() / (d.std(ddof=1) / math.sqrt(3))
     pp = float(re.search(r"\(p=([0-9.]+)\)", line).group(1))
     assert pp == pytest.approx(_t_pvalue(tp, 2), abs=1.5e-3)
+    res.write_text("".join(json.dumps(r) + "\n" for r in [*rows, row("P3_one", 1, 0.64)]))
+    out = subprocess.run([*cmd, "P3", "P2_b"], capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("test_n5:"))  # one seed: no spread, no test
+    diff = f"A - B {0.64 - np.mean(b):+.3f}, on seed 1: {0.64 - b[1]:+.3f}"
+    assert line == f"test_n5: A 0.640 (one seed), rule 0.500, A - rule +0.140; {diff}"
     other = [
         {**row("P4_c", s, 0.6), "splits": {"test_n5": {**row("P4_c", s, 0.6)["splits"]["test_n5"], "sizes": [3, 5]}}}
         for s in range(2)
