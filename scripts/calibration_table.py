@@ -180,9 +180,9 @@ def compare(files: list[str], a: str, b: str) -> str:
         xb = [rb[s]["splits"][split]["acc"] for s in sorted(rb)]
         rule = next(iter(ra.values()))["splits"][split]["best_rule"]
         mean_a = statistics.mean(xa)
-        spread = f"± {statistics.stdev(xa):.3f}" if len(xa) > 1 else "(one seed)"
-        line = f"{split}: A {mean_a:.3f} {spread}, rule {rule:.3f}, A - rule {mean_a - rule:+.3f}"
         sd = statistics.stdev(xa) if len(xa) > 1 else 0.0
+        spread = f"± {sd:.3f}" if len(xa) > 1 else "(one seed)"
+        line = f"{split}: A {mean_a:.3f} {spread}, rule {rule:.3f}, A - rule {mean_a - rule:+.3f}"
         if len(xa) > 1 and sd > 0:
             line += f" (t-test p={fmt_p(float(stats.ttest_1samp(xa, rule).pvalue))})"
         line += f"; A - B {mean_a - statistics.mean(xb):+.3f}"
