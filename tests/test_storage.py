@@ -183,6 +183,119 @@ def test_runs_of_trials_ray_lost_are_marked_and_left_out(tmp_path):
     assert sorted(r.trial_id for r in records) == ["done", "kept"]
 
 
+def _ray_state(folder, trials=1, session="2026-01-01_00-00-00"):
+    """A run folder as Ray Tune leaves it: its experiment state (JSON), searcher and callback state
+    (pickles), tuner.pkl, and a trial's folder."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"trial_data": [["{}", "{}"]] * trials, "runner_data": {}, "stats": {}}
+    (folder / f"experiment_state-{session}.json").write_text(json.dumps(state))
+    (folder / f"basic-variant-state-{session}.json").write_bytes(pickle.dumps({"counter": 1}))
+    (folder / f"callback-states-{session}.pkl").write_bytes(pickle.dumps([{"runs": {}}]))
+    (folder / "tuner.pkl").write_bytes(pickle.dumps({"x": 1}))
+    (folder / "trial_a_00000").mkdir(exist_ok=True)
+
+
+@pytest.mark.parametrize(
+    "cut, found",
+    [
+        ("experiment_state-2026-01-01_00-00-00.json", ": it is not whole JSON"),
+        ("basic-variant-state-2026-01-01_00-00-00.json", r" \(searcher state\): it is not a whole pickle"),
+        ("callback-states-2026-01-01_00-00-00.pkl", r" \(callback state\): it is not a whole pickle"),
+    ],
+)
+def test_ray_state_cut_short_by_a_killed_driver_is_found_and_set_aside(tmp_path, cut, found):
+    """Ray Tune copies its state files into the run folder without write-then-rename, so a SIGKILL can
+    leave one cut short; Ray's restore would then start the experiment again with an empty config.
+    `damage` names the file (the newest of its kind, as Ray picks it), without unpickling anything, and
+    `set_aside` moves every state file (all sessions', and tuner.pkl) and the Optuna study out of Ray's
+    way, leaving the trials' folders."""
+    import re
+
+    from stabray.tune import ray_state
+
+    st = open_storage(str(tmp_path / "runs"))
+    run = tmp_path / "runs" / "sw-20260101-000000"
+    _ray_state(run, session="2025-12-31_00-00-00")  # an earlier session's state: older, intact
+    _ray_state(run)
+    (run / "optuna.db").write_bytes(b"study")
+    assert ray_state.damage(st, run.name) is None  # whole: Ray can restore it
+    data = (run / cut).read_bytes()
+    (run / cut).write_bytes(data[: len(data) // 2])
+    assert re.match(re.escape(cut) + found, ray_state.damage(st, run.name))
+    (run / cut).write_bytes(b"")
+    assert ray_state.damage(st, run.name).endswith("it is empty")
+    names = sorted(p.name for p in run.iterdir())
+    aside = ray_state.set_aside(st, run.name)
+    assert aside.startswith(f"{run.name}/damaged-state-")
+    moved = sorted(p.name for p in (tmp_path / "runs" / aside).iterdir())
+    assert moved == sorted(n for n in names if n != "trial_a_00000")  # 7 files, none lost
+    assert sorted(p.name for p in run.iterdir()) == sorted(["trial_a_00000", aside.rsplit("/", 1)[1]])
+
+
+def test_ray_state_in_s3_is_read_and_set_aside_in_the_bucket(s3, tmp_path, monkeypatch):
+    """The same check on an object store, where --resume reads Ray's state from the bucket alone: the
+    cut file is named, and setting aside moves the objects within the bucket (copy, then delete)."""
+    from stabray.tune import ray_state
+
+    monkeypatch.chdir(tmp_path)
+    _ray_state(tmp_path / "local")
+    st = open_storage(f"s3://{s3.bucket}/runs")
+    run = "sw-20260101-000000"
+    for f in (tmp_path / "local").iterdir():
+        if f.is_file():
+            s3.client.put_object(Bucket=s3.bucket, Key=f"runs/{run}/{f.name}", Body=f.read_bytes())
+    s3.client.put_object(Bucket=s3.bucket, Key=f"runs/{run}/trial_a_00000/result.json", Body=b"{}")
+    assert ray_state.damage(st, run) is None
+    name = "callback-states-2026-01-01_00-00-00.pkl"
+    s3.client.put_object(Bucket=s3.bucket, Key=f"runs/{run}/{name}", Body=b"\x80\x05")
+    assert ray_state.damage(st, run).startswith(f"{name} (callback state): it is not a whole pickle")
+    aside = ray_state.set_aside(st, run)
+    keys = {o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="runs/")["Contents"]}
+    assert f"runs/{aside}/{name}" in keys and f"runs/{aside}/tuner.pkl" in keys
+    left = {k for k in keys if not k.startswith(f"runs/{aside}/") and not k.endswith("/")}  # (pyarrow's folder markers)
+    assert left == {f"runs/{run}/trial_a_00000/result.json"}
+
+
+def test_ray_state_without_a_trial_or_an_experiment_state_is_damage(tmp_path):
+    """Ray's restore fails on both (no state file; `trials[0]` of an empty list), and would restart."""
+    from stabray.tune import ray_state
+
+    st = open_storage(str(tmp_path))
+    _ray_state(tmp_path / "a", trials=0)
+    assert ray_state.damage(st, "a") == "experiment_state-2026-01-01_00-00-00.json: it names no trial"
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "tuner.pkl").write_bytes(pickle.dumps({}))
+    assert ray_state.damage(st, "b") == "Ray Tune saved no experiment state there"
+
+
+def test_a_restarted_sweep_marks_every_earlier_trial_run_lost_once(tmp_path):
+    """When the sweep starts its trials again, the runs already under the parent (RUNNING or ended)
+    belong to trials nobody will resume: each is tagged lost with the reason, and keeps its status once
+    ended. The flag is not pickled, so a later --resume of this Tuner keeps the runs of its own trials."""
+    from types import SimpleNamespace
+
+    from stabray.tracking import Store
+    from stabray.tune.callbacks import MLflowTuneCallback
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store = Store(uri, "re")
+    parent = store.start_parent("re", "re-1", {})
+    cfg = {"task": {"name": "dijkstra"}, "method": {"name": "alg1"}}
+    ids = {t: store.start_child(parent, t, f"run-{t}", {"lr": 0.001}, {}, cfg) for t in ("running", "done")}
+    store.end(ids["done"], "FINISHED")
+    cb = MLflowTuneCallback(uri, "re", parent, restarted="the state was cut short")
+    assert pickle.loads(pickle.dumps(cb)).restarted is None
+    cb.on_step_begin(0, [SimpleNamespace(trial_id="new")])
+    runs = {t: store.client.get_run(r) for t, r in ids.items()}
+    assert [runs[t].info.status for t in ("running", "done")] == ["KILLED", "FINISHED"]
+    for r in runs.values():
+        assert r.data.tags["stabray.lost"] == "true" and r.info.run_name.endswith(" (lost)")
+        assert "the state was cut short" in r.data.tags["mlflow.note.content"]
+    assert store.trial_children(parent) == {}
+
+
 def test_a_tracking_server_that_never_answers_is_unreachable_within_the_timeout():
     """A server that accepts the connection and then says nothing (a hung MLflow, a wrong port
     behind a proxy): a UserError naming the URI after REACH_TIMEOUT_S, not MLflow's minutes of retries."""

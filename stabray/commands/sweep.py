@@ -113,6 +113,16 @@ def run(args) -> int:
         if args.resume:
             where = f"{results.uri.rstrip('/')}/{run}"
             print(f"would continue {where} (MLflow experiment {saved['experiment']!r} at {uri})")
+            from stabray.spec import method_specs
+            from stabray.tune import ray_state
+
+            folders = [run] + [f"{run}/{label}" for label, _ in method_specs(spec) if label is not None]
+            for folder in (f for f in folders if results.exists(f"{f}/tuner.pkl")):
+                if why := ray_state.damage(results, folder):
+                    print(
+                        f"  Ray Tune's state of {folder} cannot be read ({why}): it would be set aside and its "
+                        "trials run again"
+                    )
         return 0
     from stabray.tracking import Store
     from stabray.tune.summary import log_sweep_summary, print_summary

@@ -410,18 +410,32 @@ class Store:
         )
         return {r.info.run_id: r.data.tags.get(TRIAL_ID, "") for r in runs if r.data.tags.get(ROLE) == "trial"}
 
-    def mark_lost(self, run_id: str) -> None:
-        """End a trial's run whose trial Ray Tune no longer knows (see LOST)."""
+    def trial_children(self, parent_id: str) -> dict[str, str]:
+        """{run id: trial id} of all the parent's trial runs not yet marked lost, whatever their status."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{PARENT}` = '{parent_id}'", max_results=1000
+        )
+        return {
+            r.info.run_id: r.data.tags.get(TRIAL_ID, "")
+            for r in runs
+            if r.data.tags.get(ROLE) == "trial" and not r.data.tags.get(LOST)
+        }
+
+    def mark_lost(self, run_id: str, why: str | None = None) -> None:
+        """Mark a trial's run whose trial Ray Tune no longer knows (see LOST) and end it KILLED if it
+        is still RUNNING (a run that ended keeps its status). `why`: the reason its description gives,
+        by default that the driver stopped before Ray Tune saved the trial."""
         run = self.client.get_run(run_id)
         self.client.set_tag(run_id, LOST, "true")
-        self.set_description(
-            run_id,
-            "**Lost**: the sweep's driver stopped before Ray Tune saved this trial, so the resumed sweep "
-            "ran another trial in its place. Kept for the record; not one of the sweep's trials.",
+        why = why or (
+            "the sweep's driver stopped before Ray Tune saved this trial, so the resumed sweep ran another "
+            "trial in its place"
         )
+        self.set_description(run_id, f"**Lost**: {why}. Kept for the record; not one of the sweep's trials.")
         if not run.info.run_name.endswith(" (lost)"):
             self.client.update_run(run_id, name=f"{run.info.run_name} (lost)")
-        self.end(run_id, "KILLED")
+        if run.info.status == "RUNNING":
+            self.end(run_id, "KILLED")
 
     def last_step(self, run_id: str, key: str) -> int:
         """The largest step logged for a metric (0 when none)."""

@@ -16,7 +16,7 @@ from typing import Any
 from ray.tune import Callback
 
 from stabray.config import get_path
-from stabray.record import KERNEL_KEYS, STABILITY_TABLE, is_metric, run_name, trial_params, unwrap
+from stabray.record import KERNEL_KEYS, STABILITY_TABLE, is_metric, is_trial_config, run_name, trial_params, unwrap
 from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, TAG_CHARS, numeric_metrics
 from stabray.tune.eaf_stop import STOPPER_WORDS
@@ -34,6 +34,7 @@ class MLflowTuneCallback(Callback):
         searched: list[str] = (),
         stopper=None,
         methods: dict[str, tuple[str, list[str]]] | None = None,
+        restarted: str | None = None,
     ):
         self.tracking_uri, self.experiment, self.parent_run_id = tracking_uri, experiment, parent_run_id
         # A multi-method sweep run as one Tuner: method -> (its MLflow group run, its searched paths).
@@ -55,6 +56,10 @@ class MLflowTuneCallback(Callback):
         self.curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
         self._store: Store | None = None
         self._lost_checked = False  # once per driver session (not pickled)
+        # Why the sweep starts its trials again (Ray Tune could not read its saved state): the runs
+        # already under the parents then belong to trials no one will resume. Not pickled, so a later
+        # --resume of this Tuner keeps the runs of its own trials.
+        self.restarted = restarted
 
     @property
     def store(self) -> Store:
@@ -79,10 +84,12 @@ class MLflowTuneCallback(Callback):
         d["logged_step"] = {}
         d["fresh"], d["curves"] = set(), {}
         d["_lost_checked"] = False
+        d["restarted"] = None
         return d
 
     def __setstate__(self, state):
-        self.__dict__.update({"fresh": set(), "curves": {}, "methods": {}, **state})  # pickles from before these fields
+        # defaults for pickles from before these fields
+        self.__dict__.update({"fresh": set(), "curves": {}, "methods": {}, "restarted": None, **state})
 
     def on_step_begin(self, iteration, trials, **info):
         """Once, when the sweep (re)starts: a trial run still RUNNING whose trial Ray Tune does not know
@@ -93,6 +100,10 @@ class MLflowTuneCallback(Callback):
         self._lost_checked = True
         known = {t.trial_id for t in trials}
         for parent in self.parents():
+            if self.restarted:  # every run already there: its trial will not be resumed
+                for rid in self.store.trial_children(parent):
+                    self.store.mark_lost(rid, why=self.restarted)
+                continue
             for rid, tid in self.store.running_children(parent).items():
                 if tid not in known:
                     self.store.mark_lost(rid)
@@ -114,6 +125,12 @@ class MLflowTuneCallback(Callback):
         if trial.trial_id not in self.runs:
             # After a driver crash the restored state may predate a run we created: look it up first.
             cfg = unwrap(trial.config)
+            if not is_trial_config(cfg):  # Ray's own fallback when its restore fails: a restart with {}
+                raise RuntimeError(
+                    f"Ray Tune started trial {trial.trial_id} without a stabray trial config (keys: "
+                    f"{sorted(cfg) or 'none'}). This happens when Ray cannot restore a run it resumes and "
+                    "starts it again instead; its log above says why."
+                )
             found = self.store.find_child(self.parent_of(cfg), trial.trial_id)
             if found:
                 self.runs[trial.trial_id] = found

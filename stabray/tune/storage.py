@@ -60,6 +60,22 @@ class Storage:
         with self.fs.open_input_stream(self._fs_path(rel)) as f:
             return json.loads(f.read().decode())
 
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self._fs_path(rel)) as f:
+            return f.read()
+
+    def files(self, rel: str) -> list[str]:
+        """The names of the files (not folders) directly in folder `rel`."""
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info(pafs.FileSelector(self._fs_path(rel), allow_not_found=True, recursive=False))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
+    def move(self, src: str, dst: str) -> None:
+        """Move a file within the storage (an object store copies it, then deletes the original)."""
+        self.fs.create_dir(self._fs_path(dst).rsplit("/", 1)[0], recursive=True)
+        self.fs.move(self._fs_path(src), self._fs_path(dst))
+
     def write_json(self, rel: str, obj: Any) -> None:
         """Written whole: a local file by rename, an S3 object by one PUT (never half a file)."""
         data = json.dumps(obj).encode()

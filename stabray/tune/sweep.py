@@ -20,6 +20,7 @@ from stabray.record import BUNDLE, run_folder
 from stabray.spec import space_path
 from stabray.tasks import TASKS
 from stabray.tracking import Store, check_store, resolve_tracking_uri
+from stabray.tune import ray_state
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
 from stabray.tune.eaf_stop import EafStopper
@@ -611,6 +612,26 @@ def grid_configs(sub: SweepSpec) -> list[dict[str, Any]]:
     return out
 
 
+def _unrestorable(results: Storage, run: str) -> str | None:
+    """None when Ray Tune can restore `run` (a run folder, or a method's inside it). Otherwise its
+    saved state is damaged (see `stabray.tune.ray_state`): it is moved aside, the user is told, and
+    the reason is returned for the MLflow runs of the trials that will not be resumed."""
+    why = ray_state.damage(results, run)
+    if why is None:
+        return None
+    aside = ray_state.set_aside(results, run)
+    print(
+        f"stabray: Ray Tune's saved state of {run} cannot be read: {why}. Most likely the driver was "
+        f"killed while saving it. Its trials start again; the damaged state is kept in {aside}, and the "
+        "MLflow runs of the interrupted trials are kept, marked lost.",
+        flush=True,
+    )
+    return (
+        f"Ray Tune could not read the sweep's saved state when it was resumed ({why}), so the sweep "
+        "started its trials again"
+    )
+
+
 def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info) -> list:
     """Tuner.fit() per method (one for a one-method sweep) until all ran or a signal came; a sweep
     of grid methods (`one_tuner`) runs all its methods' trials in one Tuner."""
@@ -632,13 +653,14 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
                 group = saved["groups"][label] = store.start_group(parent, label)
                 results.write_json(info_file, saved)
             print(f"stabray: method {label} ({sub.search.n_trials} trials)", flush=True)
-        if resume and results.exists(f"{sub_run}/tuner.pkl"):
+        restart = _unrestorable(results, sub_run) if resume and results.exists(f"{sub_run}/tuner.pkl") else None
+        if resume and results.exists(f"{sub_run}/tuner.pkl") and restart is None:
             # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
             tuner = make_tuner(sub, results, sub_run, None, resume=True)
         else:
             searched = [space_path(k) for k in sub.search.space]
             stopper = EafStopper.from_cfg(sub.search.eaf_stop) if sub.search.eaf_stop is not None else None
-            cb = MLflowTuneCallback(uri, experiment, group, searched, stopper=stopper)
+            cb = MLflowTuneCallback(uri, experiment, group, searched, stopper=stopper, restarted=restart)
             title = f"{sub.name}" + (f" [{label}]" if label else "")
             console = (
                 None
@@ -683,10 +705,11 @@ def _fit_one_tuner(spec, subs, results, run, uri, experiment, saved, info_file, 
         + f": {len(configs)} trials, {spec.search.max_concurrent} at a time",
         flush=True,
     )
-    if resume and results.exists(f"{run}/tuner.pkl"):
+    restart = _unrestorable(results, run) if resume and results.exists(f"{run}/tuner.pkl") else None
+    if resume and results.exists(f"{run}/tuner.pkl") and restart is None:
         tuner = make_tuner(spec, results, run, None, resume=True)
     else:
-        cb = MLflowTuneCallback(uri, experiment, parent, methods=methods)
+        cb = MLflowTuneCallback(uri, experiment, parent, methods=methods, restarted=restart)
         console = (
             None
             if verbose
