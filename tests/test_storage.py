@@ -259,7 +259,8 @@ def test_ray_state_in_s3_is_read_and_set_aside_in_the_bucket(s3, tmp_path, monke
 
 
 def test_ray_state_without_a_trial_or_an_experiment_state_is_damage(tmp_path):
-    """Ray's restore fails on both (no state file; `trials[0]` of an empty list), and would restart."""
+    """Ray's restore fails on both (no state file; `trials[0]` of an empty list), and would restart; a
+    tuner.pkl cut short would make `Tuner.restore` itself raise."""
     from stabray.tune import ray_state
 
     st = open_storage(str(tmp_path))
@@ -268,6 +269,8 @@ def test_ray_state_without_a_trial_or_an_experiment_state_is_damage(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "tuner.pkl").write_bytes(pickle.dumps({}))
     assert ray_state.damage(st, "b") == "Ray Tune saved no experiment state there"
+    (tmp_path / "b" / "tuner.pkl").write_bytes(pickle.dumps({"x": 1})[:-1])  # no STOP: Tuner.restore would raise
+    assert ray_state.damage(st, "b").startswith("tuner.pkl: it is not a whole pickle")
 
 
 def test_a_restarted_sweep_marks_every_earlier_trial_run_lost_once(tmp_path):

@@ -8,8 +8,8 @@ experiment again with the `param_space` it was restored with, which is empty, so
 would run with an empty config.
 
 `damage` reads those files the way Ray's restore will (the newest of each kind, picked by name as Ray
-picks it), without running them: the JSON parses and names at least one trial, and each pickle's
-opcodes run through to STOP (`pickletools`, which executes nothing). `set_aside` moves a damaged
+picks it), and tuner.pkl, without running them: the JSON parses and names at least one trial, and
+each pickle's opcodes run through to STOP (`pickletools`, which executes nothing). `set_aside` moves a damaged
 state into a folder beside the trials, so the sweep can start its trials again while the record of
 the interrupted ones is kept.
 """
@@ -70,6 +70,9 @@ def damage(storage: Storage, run: str) -> str | None:
     """Why Ray Tune could not restore the run folder `run` (a run, or `run/<method>`), or None when its
     state reads whole. Only for a folder that holds `tuner.pkl` (one that Ray started)."""
     names = storage.files(run)
+    problem = _pickle_problem(storage.read_bytes(f"{run}/{TUNER}"))  # written once, when the Tuner starts
+    if problem:
+        return f"{TUNER}: {problem}"
     newest = _newest(names, EXPERIMENT)
     if newest is None:
         return "Ray Tune saved no experiment state there"
