@@ -1,4 +1,4 @@
-"""Whether Ray Tune can restore a run folder, checked before `--resume` starts Ray.
+"""Whether Ray Tune can restore a run folder, checked before `--resume` calls `Tuner.restore`.
 
 Ray Tune saves its experiment state (the trials and their statuses), its searcher's state and its
 callbacks' state as files in the run's folder, and copies them there from the driver one by one,
