@@ -168,6 +168,9 @@ def test_a_resume_whose_ray_state_was_cut_short_runs_the_trials_again(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = sweep_cmd(spec_file(tmp_path), uri, tmp_path)
     proc = start_until_checkpoint(cmd, tmp_path)
+    deadline = time.time() + 60  # (Ray saves its state at its first step, long before a checkpoint)
+    while not list((tmp_path / "runs").glob("ft-*/experiment_state-*.json")) and time.time() < deadline:
+        time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=120)
     subprocess.run(["pkill", "-9", "-f", f"{tmp_path}"], check=False)
