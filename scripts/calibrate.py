@@ -56,7 +56,8 @@ def split_report(run, split: str) -> dict:
     # rule and still solve examples the rules cannot: that part is not explained by a shortcut)
     fns = list(run.task.trivial_baselines().values())
     no_rule = [not any(run.task.is_correct(e, f(e)) for f in fns) for e in exs]
-    return {
+    reach = position_reach(run, split, preds)
+    return ({"reach": reach} if reach else {}) | {
         "acc": acc,
         "no_rule_n": sum(no_rule),
         "no_rule_acc": sum(o for o, nr in zip(ok, no_rule) if nr) / max(1, sum(no_rule)),
@@ -106,6 +107,24 @@ def reach_report(run, split: str, predictions: list[str], stride: int, span: int
         "max_len": max(lengths),
         "ok": ok,
     }
+
+
+def position_reach(run, split: str, predictions: list[str]) -> dict | None:
+    """Randomized positions only (None otherwise): at the model's own evaluation stride, how many of
+    the split's gold sequences run past the trained positions ((length - 1) * stride >= span), and
+    the accuracy and best trivial rule inside and beyond, from predictions already made. A larger
+    graph is longer, so part of a +1 or +2 split can fail for the position range as much as for its
+    size; this tells the two apart in every row."""
+    from stabray.models.positions import RandomPositions
+
+    mods = [m for m in run.model.modules() if isinstance(m, RandomPositions)]
+    if not mods:
+        return None
+    stride, span = mods[0].eval_stride, mods[0].span
+    r = reach_report(run, split, predictions, stride, span, sequence_lengths(run, split))
+    keep = ("acc_within_span", "rule_within_span", "acc_beyond_span", "rule_beyond_span", "max_len")
+    beyond = len(r["ok"]) - r["n_within_span"]
+    return {"stride": stride, "span": span, "n_beyond_span": beyond} | {k: r[k] for k in keep}
 
 
 def fitted_strides(run, span: int, strides: list[int]) -> tuple[dict[str, list[int]], float]:
@@ -265,6 +284,20 @@ def main() -> None:
             f"  {s:12s} acc {r['acc']:.3f} (n {r['n']})  best rule {r['best_rule']:.3f}  [{bys}]  "
             f"right where every rule is wrong: {r['no_rule_acc']:.3f} of {r['no_rule_n']}"
         )
+        if "reach" in r:
+            q = r["reach"]
+            parts = [
+                f"{side} {q[f'acc_{key}']:.3f} (rule {q[f'rule_{key}']:.3f})"
+                for side, key, n in (
+                    ("inside", "within_span", r["n"] - q["n_beyond_span"]),
+                    ("beyond", "beyond_span", q["n_beyond_span"]),
+                )
+                if n
+            ]
+            print(
+                f"  {'':12s} {q['n_beyond_span']} of {r['n']} run past the trained positions at stride {q['stride']} "
+                f"(span {q['span']}): " + ", ".join(parts)
+            )
     print(f"  wall {rec['wall_min']:.2f} min, cpu {rec['cpu_min']:.2f} min")
     print(f"  pred {final['test']['sample_pred'][0]!r}\n  gold {final['test']['sample_gold'][0]!r}")
     for s, r in final.items():

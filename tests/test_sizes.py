@@ -658,6 +658,7 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
             "eval.val_examples=8",
             "model.hidden_size=32",
             "model.intermediate_size=64",
+            "model.position_span=200",  # at stride 3 a sequence of 68 tokens or more runs past it
         )
     ]
     cmd = [sys.executable, str(root / "scripts" / "calibrate.py"), "L28_lab12_mix34w13_randpos512_s3_e160_h128", *tiny]
@@ -684,3 +685,23 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
         assert acc == round(tracked["final"][s]["acc"], 4) == round(plain["final"][s]["acc"], 4)
     bad = subprocess.run([*cmd, "--track-every", "-1"], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "--track-every must be >= 0" in bad.stderr
+
+    # every split's reach at the model's own stride, recounted here from the same examples
+    from stabray.train.run import TrialRun
+
+    run = TrialRun({**plain["config"], "cache_dir": str(tmp_path / "cache")})
+    beyond_somewhere = 0
+    for s, r in plain["final"].items():
+        q, exs = r["reach"], run.data[s]
+        assert (q["stride"], q["span"]) == (3, 200) and len(exs) == r["n"] == 12
+        lengths = [len(run.tokenizer(e.question + e.answer, add_special_tokens=False).input_ids) + 2 for e in exs]
+        out = [(n - 1) * 3 >= 200 for n in lengths]
+        assert q["n_beyond_span"] == sum(out) and q["max_len"] == max(lengths)
+        inside, past = [e for e, o in zip(exs, out) if not o], [e for e, o in zip(exs, out) if o]
+        for part, key in ((inside, "rule_within_span"), (past, "rule_beyond_span")):
+            want = max(run.task.baseline_accuracy(part).values()) if part else 0.0
+            assert q[key] == pytest.approx(want)
+        right = q["acc_within_span"] * len(inside) + q["acc_beyond_span"] * len(past)
+        assert right == pytest.approx(r["acc"] * r["n"])  # the two parts add up to the split
+        beyond_somewhere += bool(past)
+    assert beyond_somewhere >= 2  # the check above compared something on both sides of the span
