@@ -653,8 +653,9 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
                 group = saved["groups"][label] = store.start_group(parent, label)
                 results.write_json(info_file, saved)
             print(f"stabray: method {label} ({sub.search.n_trials} trials)", flush=True)
-        restart = _unrestorable(results, sub_run) if resume and results.exists(f"{sub_run}/tuner.pkl") else None
-        if resume and results.exists(f"{sub_run}/tuner.pkl") and restart is None:
+        saved_tuner = resume and results.exists(f"{sub_run}/tuner.pkl")
+        restart = _unrestorable(results, sub_run) if saved_tuner else None  # set aside when damaged
+        if saved_tuner and restart is None:
             # The MLflow callback comes back from Ray's experiment pickle with its {trial: run} state.
             tuner = make_tuner(sub, results, sub_run, None, resume=True)
         else:
@@ -705,8 +706,9 @@ def _fit_one_tuner(spec, subs, results, run, uri, experiment, saved, info_file, 
         + f": {len(configs)} trials, {spec.search.max_concurrent} at a time",
         flush=True,
     )
-    restart = _unrestorable(results, run) if resume and results.exists(f"{run}/tuner.pkl") else None
-    if resume and results.exists(f"{run}/tuner.pkl") and restart is None:
+    saved_tuner = resume and results.exists(f"{run}/tuner.pkl")
+    restart = _unrestorable(results, run) if saved_tuner else None  # set aside when damaged
+    if saved_tuner and restart is None:
         tuner = make_tuner(spec, results, run, None, resume=True)
     else:
         cb = MLflowTuneCallback(uri, experiment, parent, methods=methods, restarted=restart)
