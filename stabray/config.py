@@ -112,7 +112,9 @@ class ModelCfg(Strict):
     # stabray.models.positions)
     positions: Literal["default", "none", "random"] = "default"
     position_span: int | None = Field(None, gt=0)  # positions: random; None = max_positions
-    position_eval_stride: int | None = Field(None, gt=0)  # positions: random; evaluation at 0, k, 2k, ...; None = 1
+    # positions: random; evaluation at 0, k, 2k, ...; None = 1. A list [2, 3, 4]: per input, the largest
+    # listed stride at which its expected sequence fits position_span (stabray.models.positions)
+    position_eval_stride: int | list[int] | None = None
     # positions: random; each step's span drawn from max(length, position_span_min)..position_span; None = fixed
     position_span_min: int | None = Field(None, gt=0)
     # embedded: std of the normal initialisation of every weight matrix and embedding (transformers'
@@ -192,13 +194,17 @@ def lora_problem(m: ModelCfg) -> str | None:
 def position_options_problem(m, prefix: str = "") -> str | None:
     """What is wrong with an embedded model's position options (a ModelCfg or a models.ModelSpec),
     or None: `positions: none` needs family gpt2, `random` needs qwen2, the span options need
-    `random`, and position_span_min may not exceed the span. `prefix` ("model.") names the fields."""
+    `random`, the evaluation stride is a positive integer or a list of distinct ones, and
+    position_span_min may not exceed the span. `prefix` ("model.") names the fields."""
     needs = {"none": "gpt2", "random": "qwen2"}.get(m.positions)
     if needs and m.family != needs:
         return f"{prefix}positions {m.positions!r} needs {prefix}family {needs} (got {m.family!r})"
     for name in ("position_span", "position_eval_stride", "position_span_min"):
         if getattr(m, name) is not None and m.positions != "random":
             return f"{prefix}{name} applies to {prefix}positions: random only (got positions {m.positions!r})"
+    k = m.position_eval_stride
+    if isinstance(k, int) and k < 1 or isinstance(k, list | tuple) and (not k or min(k) < 1 or len(set(k)) < len(k)):
+        return f"{prefix}position_eval_stride must be a positive integer or a list of distinct ones (got {k!r})"
     span = m.position_span or m.max_positions
     if m.position_span_min is not None and m.position_span_min > span:
         return f"{prefix}position_span_min={m.position_span_min} exceeds the span {span}"

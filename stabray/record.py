@@ -357,7 +357,8 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     (e.g. alg1's lam = 0.2 when the config leaves it out), what a method implies without a
     hyperparameter (SFT-CoT: lam = 1.0, bits = 32), model, lr, seed and the training sizes. An
     embedded model also logs its shape, `hidden_size` and `num_layers` (its preset's values unless the
-    config overrides them), so that runs of one preset at different depths or widths differ in MLflow."""
+    config overrides them), so that runs of one preset at different depths or widths differ in MLflow,
+    and its position options when not the default (`model_positions`)."""
     from stabray.methods import METHODS
     from stabray.tasks import TASKS
 
@@ -385,6 +386,21 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     if model.get("lora"):
         p["lora_rank"] = model["lora"].get("rank")
     p.update(model_shape(model))
+    p.update(model_positions(model))
+    return p
+
+
+def model_positions(model: dict[str, Any]) -> dict[str, Any]:
+    """An embedded model's position options when they are not the default: `positions`, and with
+    randomized positions its `position_span` and `position_eval_stride` ("3", or "2,3,4" for a
+    stride per input), so that runs evaluated at different strides are different configurations."""
+    if model.get("pretrained") or model.get("positions", "default") == "default":
+        return {}
+    p: dict[str, Any] = {"positions": model["positions"]}
+    if model["positions"] == "random":
+        k = model.get("position_eval_stride") or 1
+        p["position_span"] = model.get("position_span") or model.get("max_positions", 2048)
+        p["position_eval_stride"] = ",".join(map(str, k)) if isinstance(k, list | tuple) else str(k)
     return p
 
 
@@ -440,6 +456,9 @@ PARAM_TYPES: dict[str, pl.DataType] = {
     "lora_rank": pl.Int64,
     "hidden_size": pl.Int64,  # embedded models only
     "num_layers": pl.Int64,  # embedded models only
+    "positions": pl.Utf8,  # embedded models with positions other than the default
+    "position_span": pl.Int64,  # randomized positions
+    "position_eval_stride": pl.Utf8,  # randomized positions: "3", or "2,3,4" (a stride per input)
     "n_nodes": pl.Int64,
     "latents_per_step": pl.Int64,  # Coconut
     "sigma": pl.Float64,

@@ -52,6 +52,11 @@ def test_params_carry_an_embedded_models_shape():
     spec, _ = load_spec("dijkstra_lengthgen")
     p = trial_params(spec.trial_base())
     assert (p["model"], p["hidden_size"], p["num_layers"]) == ("embedded-mini", 128, 3)
+    # randomized positions: the span and the evaluation stride tell configurations apart
+    assert (p["positions"], p["position_span"], p["position_eval_stride"]) == ("random", 512, "3")
+    listed = {**spec.trial_base(), "model": {**spec.trial_base()["model"], "position_eval_stride": [2, 3, 4]}}
+    assert trial_params(listed)["position_eval_stride"] == "2,3,4"
+    assert "positions" not in trial_params(_config({"name": "sft_cot"}))
     p = trial_params({**_config({"name": "sft_cot"}), "model": {"pretrained": "gpt2", "lora": {"rank": 8}}})
     assert "hidden_size" not in p and "num_layers" not in p and p["lora_rank"] == 8
     from stabray.tune.summary import sweep_params

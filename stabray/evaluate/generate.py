@@ -1,4 +1,5 @@
-"""Greedy decoding to EOS, batched with left padding."""
+"""Greedy decoding to EOS, batched with left padding; a method's decoding at each input's own
+evaluation stride (`generate_per_input`)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,26 @@ def greedy(
             out.append(row[: row.index(encoder.eos)] if encoder.eos in row else row)
     model.train(was_training)
     return out
+
+
+def generate_per_input(
+    method,
+    model,
+    encoder: Encoder,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> list[list[int]]:
+    """`method.generate` on the prompts, each at the evaluation stride the model picks for it (a
+    model with `model.position_eval_stride` a list: stabray.models.positions.by_input_stride; any
+    other model: one call)."""
+    from stabray.models.positions import by_input_stride
+
+    return by_input_stride(
+        model,
+        [len(encoder.prompt(p)) for p in prompts],
+        lambda idx: method.generate(
+            model, encoder, [prompts[i] for i in idx], max_new_tokens, batch_size=batch_size, device=device
+        ),
+    )

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from stabray.data.encode import IGNORE, Encoder
+from stabray.evaluate.generate import generate_per_input
+from stabray.models.positions import by_input_stride
 from stabray.tasks.base import END, FINAL_SEP, Example, Task, extract_final
 
 
@@ -73,7 +75,8 @@ def evaluate_split(
     max_new_tokens: int | None = None,
 ) -> EvalResult:
     """Decode each example from the method's prompt with the method's decoding (greedy to EOS) and
-    score the final answer by exact match."""
+    score the final answer by exact match. A model that picks its evaluation stride per input
+    (stabray.models.positions) decodes, and measures the loss gap of, each example at its own."""
     tok = encoder.tok
     prompts = [method.eval_prompt(ex) for ex in examples]
     if max_new_tokens is None:
@@ -84,7 +87,7 @@ def evaluate_split(
             )
             + 8
         )
-    gen = method.generate(model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
+    gen = generate_per_input(method, model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
     texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
     correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
     res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
@@ -98,10 +101,11 @@ def evaluate_split(
             prefix = list(encoder.prompt(p)) + (g[: pos + len(sep)] if pos >= 0 else [])
             tail = list(encoder.ids(ex.final) + encoder.ids(END)) + [encoder.eos]
             own.append((prefix + tail, len(prefix)))
-        res.loss_gap = float(
-            np.mean(
-                final_answer_loss(model, encoder, own, device, batch_size, method)
-                - final_answer_loss(model, encoder, gold, device, batch_size, method)
-            )
-        )
+
+        def gap(idx: list[int]) -> list[float]:
+            a = final_answer_loss(model, encoder, [own[i] for i in idx], device, batch_size, method)
+            b = final_answer_loss(model, encoder, [gold[i] for i in idx], device, batch_size, method)
+            return list(a - b)
+
+        res.loss_gap = float(np.mean(by_input_stride(model, [len(encoder.prompt(p)) for p in prompts], gap)))
     return res

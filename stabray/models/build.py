@@ -39,7 +39,8 @@ class ModelSpec:
     # "random" (qwen2 only): training positions are a sorted random subset of 0..position_span-1
     # drawn per step, evaluation's are 0, 1, 2, ... (stabray.models.positions)
     position_span: int | None = None  # None: max_positions
-    position_eval_stride: int | None = None  # "random": evaluation positions 0, k, 2k, ...; None: 1
+    # "random": evaluation positions 0, k, 2k, ...; None: 1; several: per input (stabray.models.positions)
+    position_eval_stride: int | tuple[int, ...] | None = None
     position_span_min: int | None = None  # "random": each step's span drawn from max(length, this)..span
     init_std: float | None = None  # embedded: initializer_range of the transformers config (None: its 0.02)
     freeze_embeddings: bool = False  # embedded: the token embeddings (tied with the head) keep their random init

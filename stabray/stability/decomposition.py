@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from stabray.data.encode import Encoder
+from stabray.models.positions import by_input_stride, common_stride
 from stabray.record import DECOMP_KEYS
 from stabray.stability.jacobian import (
     assemble_norms,
@@ -187,7 +188,16 @@ def _rows(T_used, rho, eps, r, c1, c2_pairs, losses, include_question, loss_from
 # ---------------------------------------------------------------- the decomposition
 
 
-def decompose(
+def decompose(model, encoder: Encoder, examples: list[Example], *, method=None, **kw) -> list[dict]:
+    """Rows of Table 2 (`_decompose`, whose keywords `kw` takes). Its suprema are taken over the
+    whole set at once, so a model that picks its evaluation stride per input is measured at one: the
+    stride of the set's longest input (stabray.models.positions.common_stride)."""
+    prompts = [method.eval_prompt(e) for e in examples] if method is not None else [e.question for e in examples]
+    with common_stride(model, [len(encoder.prompt(p)) for p in prompts]):
+        return _decompose(model, encoder, examples, method=method, **kw)
+
+
+def _decompose(
     model,
     encoder: Encoder,
     examples: list[Example],
@@ -428,25 +438,37 @@ def inference_loss(
     max_new = max_new_tokens or max(len(e.input_ids) - e.prompt_len for e in encoded) + 8
     was = model.training
     model.eval()
-    try:
-        if method is not None:
-            gens = method.generate(model, encoder, prompts, max_new, device=embedding_matrix(model).device)
-        else:
-            gens = _greedy(model, encoder, prompts, max_new)
-        seqs, tgts = [], []
-        for enc, g in zip(encoded, gens):
-            gsteps = parse_steps(g, encoder)
-            pre = list(enc.input_ids[: enc.prompt_len])
-            for j, st in enumerate(gsteps):
-                pre += st + list(encoder.ids(STEP_SEP if j < len(gsteps) - 1 else FINAL_SEP))
-            if not gsteps and enc.final_span[0] > enc.prompt_len:  # a chain answer without steps: "| final"
-                pre += list(encoder.ids(FINAL_SEP))
-            final = list(enc.input_ids[enc.final_span[0] : enc.final_span[1] - 1])
-            seqs.append(pre + final)
-            tgts.append(list(range(len(pre), len(pre) + len(final))))
-        return sum(s[0] for s in _score(model, seqs, tgts, method=method)) / len(seqs)
+    try:  # a model that picks its evaluation stride per input: each example at its own
+        losses = by_input_stride(
+            model,
+            [e.prompt_len for e in encoded],
+            lambda idx: _own_chain_losses(
+                model, encoder, [prompts[i] for i in idx], [encoded[i] for i in idx], max_new, method
+            ),
+        )
+        return sum(losses) / len(losses)
     finally:
         model.train(was)
+
+
+def _own_chain_losses(model, encoder: Encoder, prompts: list[str], encoded: list, max_new: int, method) -> list[float]:
+    """inference_loss's per-example final-answer losses, given the model's own greedy steps."""
+    if method is not None:
+        gens = method.generate(model, encoder, prompts, max_new, device=embedding_matrix(model).device)
+    else:
+        gens = _greedy(model, encoder, prompts, max_new)
+    seqs, tgts = [], []
+    for enc, g in zip(encoded, gens):
+        gsteps = parse_steps(g, encoder)
+        pre = list(enc.input_ids[: enc.prompt_len])
+        for j, st in enumerate(gsteps):
+            pre += st + list(encoder.ids(STEP_SEP if j < len(gsteps) - 1 else FINAL_SEP))
+        if not gsteps and enc.final_span[0] > enc.prompt_len:  # a chain answer without steps: "| final"
+            pre += list(encoder.ids(FINAL_SEP))
+        final = list(enc.input_ids[enc.final_span[0] : enc.final_span[1] - 1])
+        seqs.append(pre + final)
+        tgts.append(list(range(len(pre), len(pre) + len(final))))
+    return [float(s[0]) for s in _score(model, seqs, tgts, method=method)]
 
 
 @torch.no_grad()

@@ -55,6 +55,7 @@ from torch.func import jvp, vjp, vmap
 
 from stabray.data.encode import Encoded, blocks_of, input_blocks
 from stabray.models.outputs import embedding_matrix, expected_embedding_fn, prefix_kv
+from stabray.models.positions import by_input_stride
 
 AGGREGATIONS = ("block", "token_mean")
 
@@ -223,9 +224,16 @@ class EAFTracker:
     warm_iters: int = 3
     vectors: dict[int, torch.Tensor] = field(default_factory=dict)  # index -> (P_e, C, d), CPU
 
+    groups: dict[tuple[int, ...], "EAFTracker"] = field(default_factory=dict)  # per subset of examples
+
     def get(self, index: int, shape: tuple[int, ...]) -> torch.Tensor | None:
         v = self.vectors.get(index)
         return v if v is not None and tuple(v.shape) == tuple(shape) else None
+
+    def group(self, indexes: list[int]) -> "EAFTracker":
+        """The tracker of a subset of the examples (measured apart, e.g. at its own evaluation
+        stride), kept between calls under the subset's indexes."""
+        return self.groups.setdefault(tuple(indexes), EAFTracker(self.warm_iters))
 
 
 @dataclass
@@ -328,19 +336,27 @@ def estimate_eaf(
     probes = [probes_of(e, token_cap, aggregation, include_question, max_t) for e in encoded]
     T = max((p.T for p in probes), default=0)
     T = T if max_t is None else min(T, max_t)
-    sig = batched_norms(
-        model,
-        encoded,
-        probes,
-        iters=iters,
-        tracker=tracker,
-        batch_size=batch_size,
-        max_tangent_elems=max_tangent_elems,
-        seed=seed,
-        prefix_cache=prefix_cache,
-        method=method,
-        inputs=inputs,
-    )
+
+    def norms(idx: list[int]) -> list[torch.Tensor]:
+        # a group of examples measured at one evaluation stride keeps its own warm-start vectors
+        # (the tracker's are keyed by the index in the group)
+        sub = tracker if tracker is None or len(idx) == len(encoded) else tracker.group(idx)
+        return batched_norms(
+            model,
+            [encoded[i] for i in idx],
+            [probes[i] for i in idx],
+            iters=iters,
+            tracker=sub,
+            batch_size=batch_size,
+            max_tangent_elems=max_tangent_elems,
+            seed=seed,
+            prefix_cache=prefix_cache,
+            method=method,
+            inputs=None if inputs is None else [inputs[i] for i in idx],
+        )
+
+    # a model that picks its evaluation stride per input measures each example at its own
+    sig = by_input_stride(model, [e.prompt_len for e in encoded], norms)
     return _result(assemble_norms(probes, sig, T), T, include_question)
 
 

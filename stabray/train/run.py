@@ -16,9 +16,11 @@ from stabray.data.cache import cached_path, load_splits
 from stabray.data.encode import Encoder
 from stabray.data.tokenizer import build_tokenizer
 from stabray.errors import UserError
+from stabray.evaluate.generate import generate_per_input
 from stabray.evaluate.metrics import evaluate_split
 from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
+from stabray.models.positions import set_length_ratio
 from stabray.record import acc_metric, trivial_metric
 from stabray.tasks import get_task
 from stabray.train.loop import Trainer, pick_device
@@ -55,7 +57,9 @@ def model_spec(cfg: TrialConfig) -> ModelSpec:
         family=m.family,
         positions=m.positions,
         position_span=m.position_span,
-        position_eval_stride=m.position_eval_stride,
+        position_eval_stride=(
+            tuple(m.position_eval_stride) if isinstance(m.position_eval_stride, list) else m.position_eval_stride
+        ),
         position_span_min=m.position_span_min,
         init_std=m.init_std,
         freeze_embeddings=m.freeze_embeddings,
@@ -117,6 +121,9 @@ class TrialRun(Runner):
         self.encoder = Encoder(self.tokenizer)
         self.model = build_model(self.spec, self.tokenizer, seed=c.seed)
         self.model = self.method.prepare(self.model).to(self.device)
+        # model.position_eval_stride a list: the length ratio its per-input stride rule reads, from the
+        # training examples as the method encodes them (stabray.models.positions)
+        set_length_ratio(self.model, self.length_pairs(self.data["train"][:500]))
         train_data = self.fresh_train if c.task.resample_train else self.data["train"]
         self.trainer = Trainer(
             self.model, self.method, self.encoder, train_data, self.train_cfg, seed=c.seed, device=self.device
@@ -147,6 +154,15 @@ class TrialRun(Runner):
             )
         return self._fresh[1]
 
+    def length_pairs(self, examples) -> list[tuple[int, int]]:
+        """(whole sequence tokens, prompt tokens) of each example as the method encodes it for
+        evaluation (its prompt, its chain, the final answer)."""
+        out = []
+        for e in examples:
+            enc = self.encoder.encode(self.method.eval_prompt(e), self.method.eval_steps(e), e.final)
+            out.append((len(enc.input_ids), enc.prompt_len))
+        return out
+
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, n: int = 0, loss_gap: bool = False):
         exs = self.data[split][:n] if n else self.data[split]
@@ -173,8 +189,14 @@ class TrialRun(Runner):
 
         gold = [self.encoder.encode(p, e.steps, e.final) for p, e in zip(prompts, exs)]
         max_new = max(len(g.input_ids) - g.prompt_len for g in gold) + 8
-        gens = self.method.generate(
-            self.model, self.encoder, prompts, max_new, batch_size=self.cfg.eval.batch_size, device=self.device
+        gens = generate_per_input(
+            self.method,
+            self.model,
+            self.encoder,
+            prompts,
+            max_new,
+            batch_size=self.cfg.eval.batch_size,
+            device=self.device,
         )
         return [encode_generated(self.encoder, p, g) for p, g in zip(prompts, gens)]
 
