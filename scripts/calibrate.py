@@ -128,18 +128,19 @@ def position_reach(run, split: str, predictions: list[str]) -> dict | None:
 
 
 def fitted_strides(run, span: int, strides: list[int]) -> tuple[dict[str, list[int]], float]:
-    """Per example of every evaluation split, the largest of `strides` at which its expected
-    sequence fits inside the trained positions, from the question alone: expected length = the
-    question's tokens x the largest (whole sequence / question) token ratio of 500 training
-    examples, so no gold answer decides (the smallest stride when none fits). Ruoss et al. draw
-    positions per input for the same reason: a longer input needs denser positions."""
-    ratio = max(
-        (token_count(run, e.question + e.answer) + 2) / token_count(run, e.question) for e in run.data["train"][:500]
-    )
+    """Per example of every evaluation split, the stride a trial with `model.position_eval_stride:
+    strides` would use for it (stabray.models.positions): the largest of `strides` at which its
+    expected sequence fits inside the trained positions, from its prompt alone (expected length =
+    prompt tokens x the largest whole sequence / prompt ratio of 500 training examples, both as the
+    method encodes them, BOS and EOS included), so no gold answer decides; the smallest stride when
+    none fits."""
+    from stabray.models.positions import fitting_stride, length_ratio
+
+    ratio = length_ratio(run.length_pairs(run.data["train"][:500]))
     chosen = {}
     for split in ("test", *run.long_splits):
-        expected = [math.ceil(ratio * token_count(run, e.question)) for e in run.data[split]]
-        chosen[split] = [max((k for k in strides if (n - 1) * k < span), default=min(strides)) for n in expected]
+        prompts = [len(run.encoder.prompt(run.method.eval_prompt(e))) for e in run.data[split]]
+        chosen[split] = [fitting_stride(n, ratio, span, strides) for n in prompts]
     return chosen, ratio
 
 
@@ -161,6 +162,43 @@ def profile_config(name: str, profiles: dict) -> dict:
     for k, v in (entry.get("set") or {}).items():
         set_path(cfg, k, copy.deepcopy(v))
     return cfg
+
+
+def rescore(path: Path, label: str, cfg: dict) -> None:
+    """--rescore: per row, the accuracy at the per-input stride (`fitted_strides`) from the row's
+    per-example results at each stride, and how many inputs the row's own recorded choice put at
+    another stride; then the mean and sample standard deviation over the rows."""
+    import statistics
+
+    from stabray.train.run import TrialRun
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["profile"] == label and r.get("eval_strides")]
+    if not rows:
+        raise SystemExit(f"{path}: no row named {label!r} with per-stride results (--eval-strides)")
+    span = cfg["model"].get("position_span") or cfg["model"].get("max_positions", 2048)
+    per_split: dict[str, list[float]] = {}
+    for r in rows:
+        run = TrialRun({**cfg, "seed": r["seed"]})  # data and tokenizer only: nothing is trained
+        ks = sorted(int(k) for k in r["eval_strides"] if k.isdigit())
+        chosen, ratio = fitted_strides(run, span, ks)
+        parts = []
+        for split, picks in chosen.items():
+            ok = [r["eval_strides"][f"{k}_reach"][split]["ok"][i] for i, k in enumerate(picks)]
+            acc = sum(ok) / len(ok)
+            per_split.setdefault(split, []).append(acc)
+            old = r["eval_strides"].get("fitted", {}).get(split, {}).get("strides")
+            moved = f", {sum(a != b for a, b in zip(old, picks))} moved" if old else ""
+            counts = "/".join(str(picks.count(k)) for k in ks)
+            parts.append(f"{split} {acc:.3f} (strides {','.join(map(str, ks))}: {counts}{moved})")
+        print(f"seed {r['seed']} ratio {ratio:.3f}: " + "; ".join(parts), flush=True)
+    print(
+        f"{label}, {len(rows)} rows: "
+        + "; ".join(
+            f"{s} {statistics.mean(v):.3f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"
+            for s, v in per_split.items()
+        )
+    )
 
 
 def main() -> None:
@@ -185,6 +223,14 @@ def main() -> None:
         metavar="K,K,...",
         help="model.positions: random only: also score every split at these evaluation strides (same trained model)",
     )
+    ap.add_argument(
+        "--rescore",
+        default="",
+        metavar="FILE",
+        help="train nothing: for every row of FILE (JSON lines) named like this run (--label, else the profile) "
+        "that has per-stride results (--eval-strides), score each example at the stride stabray's model picks "
+        "for it (model.position_eval_stride: a list) from the stored per-example results",
+    )
     args = ap.parse_args()
     if args.track_every < 0:
         raise SystemExit(f"--track-every must be >= 0 (0 = off), got {args.track_every}")
@@ -204,6 +250,9 @@ def main() -> None:
     cfg["cache_dir"] = args.cache_dir
     if args.eval_strides and cfg.get("model", {}).get("positions") != "random":  # checked before training
         raise SystemExit(f"--eval-strides needs a profile with model.positions: random ({args.profile} has none)")
+    if args.rescore:
+        rescore(Path(args.rescore), args.label or args.profile, cfg)
+        return
     t0, c0 = time.perf_counter(), time.process_time()
     run = TrialRun(cfg)
     n_params = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
@@ -229,10 +278,12 @@ def main() -> None:
         mods = [m for m in run.model.modules() if isinstance(m, RandomPositions)]
         kept = mods[0].eval_stride
         lengths = {s: sequence_lengths(run, s) for s in final}  # the same at every stride
+        preds: dict[int, dict[str, list[str]]] = {}
         for k in (int(x) for x in args.eval_strides.split(",")):
             for m in mods:
                 m.eval_stride = k
-            reports = {s: reach_report(run, s, run.evaluate(s).predictions, k, mods[0].span, lengths[s]) for s in final}
+            preds[k] = {s: run.evaluate(s).predictions for s in final}
+            reports = {s: reach_report(run, s, preds[k][s], k, mods[0].span, lengths[s]) for s in final}
             strides[str(k)] = {s: r["acc"] for s, r in reports.items()}
             strides[f"{k}_reach"] = reports
             print(f"  eval stride {k}:", flush=True)
@@ -255,8 +306,32 @@ def main() -> None:
             + " ".join(f"{s} {r['acc']:.3f}" for s, r in fitted.items()),
             flush=True,
         )
+        # the same choice made by stabray's own evaluation: the model given the list of strides
+        # (model.position_eval_stride: ks) generates each input at its stride (by_input_stride)
+        from stabray.models.positions import set_length_ratio
+
         for m in mods:
-            m.eval_stride = kept
+            m.eval_strides = tuple(ks)
+        set_length_ratio(run.model, run.length_pairs(run.data["train"][:500]))
+        strides["model"] = {}
+        for s in final:
+            res, picks = run.evaluate(s), chosen[s]
+            strides["model"][s] = {
+                "acc": res.acc,
+                # answers identical to the ones generated at the example's stride above, and
+                # examples whose answers differ between strides (where the check could fail)
+                "same_answers": sum(p == preds[k][s][i] for i, (p, k) in enumerate(zip(res.predictions, picks))),
+                "answers_differ_by_stride": sum(len({preds[k][s][i] for k in ks}) > 1 for i in range(res.n)),
+            }
+        print(
+            f"  stabray's evaluation with model.position_eval_stride {ks}: "
+            + " ".join(
+                f"{s} {r['acc']:.3f} ({r['same_answers']} answers as above)" for s, r in strides["model"].items()
+            ),
+            flush=True,
+        )
+        for m in mods:
+            m.eval_strides, m.eval_stride, m.length_ratio = (kept,), kept, None
     rec = {  # the fields scripts/calibration_table.py reads, then the details
         "profile": label,
         "seed": args.seed,

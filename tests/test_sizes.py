@@ -705,3 +705,71 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
         assert right == pytest.approx(r["acc"] * r["n"])  # the two parts add up to the split
         beyond_somewhere += bool(past)
     assert beyond_somewhere >= 2  # the check above compared something on both sides of the span
+
+
+def test_calibrate_eval_strides_and_rescore_pick_each_inputs_stride(tmp_path):
+    """--eval-strides scores every split at each stride and at the per-input stride stabray's model
+    uses (`model.position_eval_stride` a list); here the picks are recomputed from the encoded
+    lengths (ratio, then a count of positions) and the per-input accuracy from the per-stride results;
+    stabray's own evaluation of the model given the list writes, input by input, the answer written
+    at that input's stride (the tiny model's answers are wrong, but differ between strides), and
+    --rescore, which trains nothing, prints the same accuracies."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    tiny = [
+        f"--set={kv}"
+        for kv in (
+            "train.epochs=2",
+            "task.train_size=24",
+            "task.val_size=8",
+            "task.test_size=12",
+            "eval.val_examples=8",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "model.position_span=200",
+        )
+    ]
+    prof = "L28_lab12_mix34w13_randpos512_s3_e160_h128"
+    cmd = [sys.executable, str(root / "scripts" / "calibrate.py"), prof, *tiny]
+    env = {**os.environ, "PYTHONPATH": str(root), "STABRAY_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "strides.jsonl"
+    subprocess.run([*cmd, "--eval-strides", "1,2,4", "--out", str(out)], check=True, env=env, capture_output=True)
+    row = json.loads(out.read_text())
+    from stabray.train.run import TrialRun
+
+    run = TrialRun({**row["config"], "cache_dir": str(tmp_path / "cache")})
+    pairs = []
+    for e in run.data["train"][:500]:
+        enc = run.encoder.encode(run.method.eval_prompt(e), run.method.eval_steps(e), e.final)
+        pairs.append((len(enc.input_ids), enc.prompt_len))
+    ratio = max(a / b for a, b in pairs)
+    fitted = row["eval_strides"]["fitted"]
+    assert fitted["ratio"] == pytest.approx(ratio)
+    used, differ = set(), 0
+    for s in ("test", "test_n5", "test_n6"):
+        picks = []
+        for e in run.data[s]:
+            n = math.ceil(ratio * len(run.encoder.prompt(run.method.eval_prompt(e))))
+            picks.append(max((k for k in (1, 2, 4) if all(p * k < 200 for p in range(n))), default=1))
+        assert fitted[s]["strides"] == picks
+        used |= set(picks)
+        ok = [row["eval_strides"][f"{k}_reach"][s]["ok"][i] for i, k in enumerate(picks)]
+        assert fitted[s]["acc"] == pytest.approx(sum(ok) / len(ok))
+        # and stabray's evaluation, given the list of strides, generated every input at its stride
+        mod = row["eval_strides"]["model"][s]
+        assert mod["acc"] == pytest.approx(fitted[s]["acc"]) and mod["same_answers"] == len(picks)
+        differ += mod["answers_differ_by_stride"]
+    assert len(used) >= 2  # the splits' inputs get different strides
+    assert differ >= 10  # and their answers depend on it: a wrong stride would have shown
+    res = subprocess.run([*cmd, "--label", prof, "--rescore", str(out)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    last = res.stdout.strip().splitlines()[-1]
+    for s in ("test", "test_n5", "test_n6"):
+        assert f"{s} {fitted[s]['acc']:.3f} ± 0.000" in last
+    bad = subprocess.run([*cmd, "--label", "nope", "--rescore", str(out)], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "no row named 'nope'" in bad.stderr
