@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +155,13 @@ class TrialRun(Runner):
             )
         return self._fresh[1]
 
-    def length_pairs(self, examples) -> list[tuple[int, int]]:
+    def length_pairs(self, examples) -> Iterator[tuple[int, int]]:
         """(whole sequence tokens, prompt tokens) of each example as the method encodes it for
-        evaluation (its prompt, its chain, the final answer)."""
-        out = []
+        evaluation (its prompt, its chain, the final answer); lazily, so a model that does not read
+        them encodes nothing."""
         for e in examples:
             enc = self.encoder.encode(self.method.eval_prompt(e), self.method.eval_steps(e), e.final)
-            out.append((len(enc.input_ids), enc.prompt_len))
-        return out
+            yield len(enc.input_ids), enc.prompt_len
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, n: int = 0, loss_gap: bool = False):
