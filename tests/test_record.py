@@ -63,6 +63,7 @@ def test_params_carry_an_embedded_models_shape():
 
     parent = sweep_params(spec)  # the sweep's parent run says the same
     assert (parent["model"], parent["hidden_size"], parent["num_layers"]) == ("embedded-mini", 128, 3)
+    assert (parent["positions"], parent["position_span"], parent["position_eval_stride"]) == ("random", 512, "3")
 
 
 def test_statuses():

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from stabray.pareto import FRONT, front_figure, front_rows, mark_front
-from stabray.record import TrialRecord, acc_metric, describe_metric, model_shape, trials_frame
+from stabray.record import TrialRecord, acc_metric, describe_metric, model_positions, model_shape, trials_frame
 
 # Columns of the closing table, after the trial id and the searched params; each is a metric
 # declared in stabray.record (its meaning is printed under the table) or a frame column.
@@ -296,6 +296,7 @@ def sweep_params(spec) -> dict[str, Any]:
         **{k: v for k, v in spec.task.params.items()},
         "model": spec.model.pretrained or f"embedded-{spec.model.preset}",
         **model_shape(spec.model.model_dump()),
+        **model_positions(spec.model.model_dump()),
         "epochs": spec.train.epochs,
         "num_samples": s.num_samples,
         "searcher": s.searcher,
