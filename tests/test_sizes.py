@@ -452,18 +452,29 @@ def test_calibration_profiles_build():
     assert d17.model.init_std == 0.1 and d17.task.params == {"decimals": 1, "train_sizes": [3, 4]}
 
 
-def test_lengthgen_sweep_trains_what_its_calibration_profile_trained():
-    """sweeps/dijkstra_lengthgen.yaml is profile L32 as a sweep: the same examples (task and its
-    cache key, split sizes), model, method and training; only what is measured differs (the EAF and
-    the end-of-trial analyses are on in the sweep, off in calibration)."""
+@pytest.mark.parametrize(
+    ("sweep_name", "profile", "eval_stride", "seeds"),
+    [
+        ("dijkstra_lengthgen", "L32_lab12_mix34w13_randpos512_s3_e160_h128_l3", None, [0, 1, 2]),
+        ("dijkstra_lengthgen_mix35", "L37_lab12_mix35w113_randpos512_s3_e160_h128_l3", [2, 3, 4], [0, 1, 2, 3]),
+    ],
+)
+def test_lengthgen_sweep_trains_what_its_calibration_profile_trained(sweep_name, profile, eval_stride, seeds):
+    """sweeps/dijkstra_lengthgen.yaml is profile L32 as a sweep, dijkstra_lengthgen_mix35.yaml is L37
+    evaluated at the per-input stride (calibrate.py --eval-strides 2,3,4 scored the same models so):
+    the same examples (task and its cache key, split sizes), model, method and training; only what is
+    measured differs (the EAF and the end-of-trial analyses are on in the sweep, off in calibration)."""
     import yaml
 
     from stabray.config import parse_trial_config
 
     calibrate = load_calibrate()
     profiles = yaml.safe_load(calibrate.PROFILES.read_text())
-    prof = parse_trial_config(calibrate.profile_config("L32_lab12_mix34w13_randpos512_s3_e160_h128_l3", profiles))
-    spec, _ = load_spec("dijkstra_lengthgen")
+    cfg = calibrate.profile_config(profile, profiles)
+    if eval_stride is not None:
+        cfg["model"]["position_eval_stride"] = eval_stride
+    prof = parse_trial_config(cfg)
+    spec, _ = load_spec(sweep_name)
     sweep = parse_trial_config(spec.trial_base())
     assert (
         get_task(sweep.task.name, **sweep.task.params).describe()
@@ -474,7 +485,7 @@ def test_lengthgen_sweep_trains_what_its_calibration_profile_trained():
     for section in ("model", "method", "train"):
         assert getattr(sweep, section) == getattr(prof, section), section
     assert sweep.eval.val_examples in (0, prof.eval.val_examples) and sweep.eval.eaf_examples > 0
-    assert spec.search.space["seed"].choice == [0, 1, 2] and spec.search.n_trials == 3
+    assert spec.search.space["seed"].choice == seeds and spec.search.n_trials == len(seeds)
     assert (spec.search.searcher, spec.search.scheduler) == ("grid", "fifo")  # every seed runs every epoch
 
 
@@ -638,6 +649,25 @@ def test_method_tests_table():
             assert row[f"{metric} p"] == ("<0.001" if p < 0.0005 else f"{p:.3f}")
 
 
+def tiny_calibration(epochs: int) -> list[str]:
+    """calibrate.py --set options that shrink an L28 profile to a seconds-long run: 24 training
+    graphs, 8 validation and 12 test per split, a 32-wide model, and a 200-position span (at stride 3
+    a sequence of 68 tokens or more runs past it)."""
+    return [
+        f"--set={kv}"
+        for kv in (
+            f"train.epochs={epochs}",
+            "task.train_size=24",
+            "task.val_size=8",
+            "task.test_size=12",
+            "eval.val_examples=8",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "model.position_span=200",
+        )
+    ]
+
+
 def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(tmp_path):
     """--track-every scores the test split and each longer split during training. The curve's last
     point is the final evaluation's accuracy, and the training it watched is the untracked run's,
@@ -648,19 +678,7 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    tiny = [
-        f"--set={kv}"
-        for kv in (
-            "train.epochs=3",
-            "task.train_size=24",
-            "task.val_size=8",
-            "task.test_size=12",
-            "eval.val_examples=8",
-            "model.hidden_size=32",
-            "model.intermediate_size=64",
-            "model.position_span=200",  # at stride 3 a sequence of 68 tokens or more runs past it
-        )
-    ]
+    tiny = tiny_calibration(epochs=3)
     cmd = [sys.executable, str(root / "scripts" / "calibrate.py"), "L28_lab12_mix34w13_randpos512_s3_e160_h128", *tiny]
     env = {**os.environ, "PYTHONPATH": str(root), "STABRAY_CACHE": str(tmp_path / "cache")}
     rows = []
@@ -721,19 +739,7 @@ def test_calibrate_eval_strides_and_rescore_pick_each_inputs_stride(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    tiny = [
-        f"--set={kv}"
-        for kv in (
-            "train.epochs=2",
-            "task.train_size=24",
-            "task.val_size=8",
-            "task.test_size=12",
-            "eval.val_examples=8",
-            "model.hidden_size=32",
-            "model.intermediate_size=64",
-            "model.position_span=200",
-        )
-    ]
+    tiny = tiny_calibration(epochs=2)
     prof = "L28_lab12_mix34w13_randpos512_s3_e160_h128"
     cmd = [sys.executable, str(root / "scripts" / "calibrate.py"), prof, *tiny]
     env = {**os.environ, "PYTHONPATH": str(root), "STABRAY_CACHE": str(tmp_path / "cache")}

@@ -41,15 +41,16 @@ def generate_per_input(
     max_new_tokens: int,
     batch_size: int = 64,
     device: torch.device | str = "cpu",
+    prompt_lens: list[int] | None = None,
 ) -> list[list[int]]:
     """`method.generate` on the prompts, each at the evaluation stride the model picks for it (a
     model with `model.position_eval_stride` a list: stabray.models.positions.by_input_stride; any
-    other model: one call)."""
+    other model: one call). `prompt_lens`: the prompts' encoded lengths, when the caller has them."""
     from stabray.models.positions import by_input_stride
 
     return by_input_stride(
         model,
-        [len(encoder.prompt(p)) for p in prompts],
+        prompt_lens if prompt_lens is not None else [len(encoder.prompt(p)) for p in prompts],
         lambda idx: method.generate(
             model, encoder, [prompts[i] for i in idx], max_new_tokens, batch_size=batch_size, device=device
         ),

@@ -79,26 +79,27 @@ def evaluate_split(
     (stabray.models.positions) decodes, and measures the loss gap of, each example at its own."""
     tok = encoder.tok
     prompts = [method.eval_prompt(ex) for ex in examples]
+    prompt_ids = [list(encoder.prompt(p)) for p in prompts]
+    lens = [len(ids) for ids in prompt_ids]
     if max_new_tokens is None:
         max_new_tokens = (
-            max(
-                len(encoder.encode(p, ex.steps, ex.final).input_ids) - len(encoder.prompt(p))
-                for p, ex in zip(prompts, examples)
-            )
+            max(len(encoder.encode(p, ex.steps, ex.final).input_ids) - n for p, ex, n in zip(prompts, examples, lens))
             + 8
         )
-    gen = generate_per_input(method, model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device)
+    gen = generate_per_input(
+        method, model, encoder, prompts, max_new_tokens, batch_size=batch_size, device=device, prompt_lens=lens
+    )
     texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
     correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
     res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
     if loss_gap:
         sep = encoder.ids(FINAL_SEP.strip())
         gold, own = [], []
-        for p, ex, g in zip(prompts, examples, gen):
+        for p, ids, ex, g in zip(prompts, prompt_ids, examples, gen):
             e = encoder.encode(p, method.eval_steps(ex), ex.final)
             gold.append((list(e.input_ids), e.final_span[0]))
             pos = _find_last(g, sep) if sep else -1
-            prefix = list(encoder.prompt(p)) + (g[: pos + len(sep)] if pos >= 0 else [])
+            prefix = ids + (g[: pos + len(sep)] if pos >= 0 else [])
             tail = list(encoder.ids(ex.final) + encoder.ids(END)) + [encoder.eos]
             own.append((prefix + tail, len(prefix)))
 
@@ -107,5 +108,5 @@ def evaluate_split(
             b = final_answer_loss(model, encoder, [gold[i] for i in idx], device, batch_size, method)
             return list(a - b)
 
-        res.loss_gap = float(np.mean(by_input_stride(model, [len(encoder.prompt(p)) for p in prompts], gap)))
+        res.loss_gap = float(np.mean(by_input_stride(model, lens, gap)))
     return res
