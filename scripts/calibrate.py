@@ -110,7 +110,8 @@ def reach_report(run, split: str, predictions: list[str], stride: int, span: int
 
 
 def position_reach(run, split: str, predictions: list[str]) -> dict | None:
-    """Randomized positions only (None otherwise): at the model's own evaluation stride, how many of
+    """Randomized positions at one fixed evaluation stride only (None otherwise; a stride per input
+    is reported by --eval-strides): at the model's own evaluation stride, how many of
     the split's gold sequences run past the trained positions ((length - 1) * stride >= span), and
     the accuracy and best trivial rule inside and beyond, from predictions already made. A larger
     graph is longer, so part of a +1 or +2 split can fail for the position range as much as for its
@@ -118,7 +119,7 @@ def position_reach(run, split: str, predictions: list[str]) -> dict | None:
     from stabray.models.positions import RandomPositions
 
     mods = [m for m in run.model.modules() if isinstance(m, RandomPositions)]
-    if not mods:
+    if not mods or len(mods[0].eval_strides) > 1:  # a stride per input: --eval-strides reports it
         return None
     stride, span = mods[0].eval_stride, mods[0].span
     r = reach_report(run, split, predictions, stride, span, sequence_lengths(run, split))
@@ -179,7 +180,9 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
     span = cfg["model"].get("position_span") or cfg["model"].get("max_positions", 2048)
     per_split: dict[str, list[float]] = {}
     for r in rows:
-        run = TrialRun({**cfg, "seed": r["seed"]})  # data and tokenizer only: nothing is trained
+        # the row's own config (data and tokenizer only: nothing is trained), so its stored
+        # per-example results line up with the examples they were scored on
+        run = TrialRun({**r["config"], "cache_dir": cfg.get("cache_dir")})
         ks = sorted(int(k) for k in r["eval_strides"] if k.isdigit())
         chosen, ratio = fitted_strides(run, span, ks)
         parts = []
@@ -250,6 +253,12 @@ def main() -> None:
     cfg["cache_dir"] = args.cache_dir
     if args.eval_strides and cfg.get("model", {}).get("positions") != "random":  # checked before training
         raise SystemExit(f"--eval-strides needs a profile with model.positions: random ({args.profile} has none)")
+    if args.eval_strides and isinstance(cfg["model"].get("position_eval_stride"), list):
+        raise SystemExit(
+            "--eval-strides scores the trained model at each listed stride, and the per-input pick among them; "
+            f"the run's model.position_eval_stride is already a list ({cfg['model']['position_eval_stride']}): "
+            "give it one stride"
+        )
     if args.rescore:
         rescore(Path(args.rescore), args.label or args.profile, cfg)
         return

@@ -125,6 +125,14 @@ class ModelCfg(Strict):
     numbers: Literal["word", "digits"] = "word"
     freeze_embeddings: bool = False  # embedded: the (tied) token embeddings stay at their random init
 
+    @field_validator("position_eval_stride", mode="before")
+    @classmethod
+    def _whole_numbers(cls, v: Any) -> Any:
+        """A list of strides holds integers as written: [true, 3] or ["2", 3] is not [1, 3] or [2, 3]."""
+        if isinstance(v, list) and any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+            raise ValueError(f"must be a positive integer or a list of distinct ones (got {v!r})")
+        return v
+
     @field_validator("pretrained")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:

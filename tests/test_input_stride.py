@@ -28,7 +28,7 @@ from stabray.models.positions import (
     set_length_ratio,
 )
 from stabray.stability import EAFTracker, estimate_eaf
-from stabray.stability.decomposition import inference_loss
+from stabray.stability.decomposition import decompose, inference_loss
 from stabray.tasks import get_task
 from stabray.train.run import TrialRun
 
@@ -151,12 +151,36 @@ def test_common_stride_is_the_longest_inputs(setup):
     assert m.eval_stride == 1  # restored
 
 
+def test_decomposition_measures_every_term_at_the_sets_one_stride(setup):
+    """Table 2's rows with per-input strides equal the rows of the same weights at the stride of the
+    set's longest input, every column (the EAF and rho included: inside `common_stride` nothing
+    regroups the examples by stride); the examples span several strides, and at another stride the
+    rows differ, so the comparison can fail."""
+    _, exs, enc, fit, fixed = setup
+    method = get_method("sft_cot")
+    lens = prompt_lengths(enc, method, exs)
+    set_length_ratio(fit, [(3 * n, n) for n in lens])
+    strides = input_strides(fit, lens)
+    assert len(set(strides)) >= 2
+    kw = dict(method=method, iters=3, token_cap=2, max_new_tokens=8, max_T=3)
+    got = decompose(fit, enc, exs, **kw)
+    want = decompose(fixed[min(strides)], enc, exs, **kw)
+    other = decompose(fixed[max(strides)], enc, exs, **kw)
+    assert len(got) == len(want) >= 2
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for key in g:
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7, nan_ok=True), key
+    assert any(g["eaf"] != pytest.approx(o["eaf"], rel=1e-3) for g, o in zip(got, other))
+    assert all(m.eval_strides == STRIDES for m in fit.modules() if isinstance(m, RandomPositions))  # restored
+
+
 def test_config_takes_a_list_of_strides_and_names_a_bad_one(cache_dir):
     base = {"task": {"name": "dijkstra"}, "model": {"preset": "tiny", "positions": "random"}}
     ok = parse_trial_config({**base, "model": {**base["model"], "position_eval_stride": [2, 3, 4]}})
     assert ok.model.position_eval_stride == [2, 3, 4]
-    for bad in ([], [0, 2], [2, 2], 0):
-        with pytest.raises(UserError, match="position_eval_stride must be a positive integer or a list"):
+    for bad in ([], [0, 2], [2, 2], 0, [True, 3], ["2", 3], [2.0, 3]):  # no silent [1, 3] or [2, 3]
+        with pytest.raises(UserError, match="position_eval_stride:? must be a positive integer or a list"):
             parse_trial_config({**base, "model": {**base["model"], "position_eval_stride": bad}})
     with pytest.raises(UserError, match="model: position_eval_stride applies to positions: random only"):
         parse_trial_config({**base, "model": {"preset": "tiny", "position_eval_stride": [2, 3]}})

@@ -779,3 +779,6 @@ def test_calibrate_eval_strides_and_rescore_pick_each_inputs_stride(tmp_path):
         assert f"{s} {fitted[s]['acc']:.3f} ± 0.000" in last
     bad = subprocess.run([*cmd, "--label", "nope", "--rescore", str(out)], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "no row named 'nope'" in bad.stderr
+    listed = [*cmd, "--set=model.position_eval_stride=[2, 3]", "--eval-strides", "2,3"]
+    bad = subprocess.run(listed, env=env, capture_output=True, text=True)  # refused before training
+    assert bad.returncode != 0 and "already a list ([2, 3]): give it one stride" in bad.stderr

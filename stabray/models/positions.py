@@ -178,16 +178,17 @@ def input_strides(model: torch.nn.Module, prompt_lengths: Sequence[int]) -> list
 
 @contextlib.contextmanager
 def eval_stride(model: torch.nn.Module, stride: int):
-    """Evaluate at one stride inside the block (every RandomPositions module); restored afterwards."""
+    """Evaluate at one stride inside the block (every RandomPositions module, per-input choice off:
+    code inside that groups inputs by stride sees one fixed stride); restored afterwards."""
     mods = [m for m in model.modules() if isinstance(m, RandomPositions)]
-    kept = [m.eval_stride for m in mods]
+    kept = [(m.eval_stride, m.eval_strides) for m in mods]
     for m in mods:
-        m.eval_stride = int(stride)
+        m.eval_stride, m.eval_strides = int(stride), (int(stride),)
     try:
         yield
     finally:
-        for m, k in zip(mods, kept):
-            m.eval_stride = k
+        for m, (k, ks) in zip(mods, kept):
+            m.eval_stride, m.eval_strides = k, ks
 
 
 def by_input_stride(
