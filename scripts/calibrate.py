@@ -171,18 +171,19 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
     another stride; then the mean and sample standard deviation over the rows."""
     import statistics
 
+    from stabray.models.positions import RandomPositions
     from stabray.train.run import TrialRun
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["profile"] == label and r.get("eval_strides")]
     if not rows:
         raise SystemExit(f"{path}: no row named {label!r} with per-stride results (--eval-strides)")
-    span = cfg["model"].get("position_span") or cfg["model"].get("max_positions", 2048)
     per_split: dict[str, list[float]] = {}
     for r in rows:
         # the row's own config (data and tokenizer only: nothing is trained), so its stored
         # per-example results line up with the examples they were scored on
         run = TrialRun({**r["config"], "cache_dir": cfg.get("cache_dir")})
+        span = next(m.span for m in run.model.modules() if isinstance(m, RandomPositions))  # the row's model's
         ks = sorted(int(k) for k in r["eval_strides"] if k.isdigit())
         chosen, ratio = fitted_strides(run, span, ks)
         parts = []
