@@ -61,7 +61,7 @@ def load_spec(
     sources = sources or {}
     for k, v in (overrides or {}).items():
         try:
-            set_path(raw, k, v)
+            set_override(raw, k, v)
         except UserError as e:
             raise UserError(f"{sources.get(k, k)}: {e}") from None
     try:
@@ -85,6 +85,35 @@ def load_spec(
                 f"--set 'search.space.{key}={{choice: [{v}]}}'",
             )
     return spec, path
+
+
+DIST_KINDS = tuple(Dist.model_fields)  # choice, loguniform, uniform, randint
+
+
+def set_override(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Apply one override (`--set key=value`) to a raw spec. Below `search.space.` the rest of the
+    key is one search-space key, itself a dotted field path (`search.space.model.position_eval_stride`
+    searches model.position_eval_stride), unless it ends in a distribution's kind, which sets that
+    part of the key's distribution (`search.space.lr.loguniform=[1e-4, 1e-2]`)."""
+    prefix = "search.space."
+    rest = key[len(prefix) :] if key.startswith(prefix) else ""
+    if "." not in rest:
+        set_path(raw, key, value)
+        return
+    if not all(rest.split(".")):
+        raise UserError(f"{key!r}: not a dotted path of keys (like search.space.model.position_eval_stride)")
+    if (raw.get("search") or {}).get("space") is None:
+        set_path(raw, "search.space", {})
+    space = raw["search"]["space"]
+    name, _, last = rest.rpartition(".")
+    if last not in DIST_KINDS:
+        space[rest] = value
+        return
+    if space.get(name) is None:
+        space[name] = {}
+    if not isinstance(space[name], dict):
+        raise UserError(f"search.space.{name} is {space[name]!r}, not a distribution, so it has no {last!r}")
+    space[name][last] = value
 
 
 def _sets_field(key: str, field: str) -> bool:
@@ -261,6 +290,14 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             )
         if p.startswith("model.lora.") and spec.model.lora is None:
             raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")
+        other = next((k for k in spec.search.space if k != key and space_path(k) == p), None)
+        if other is not None:
+            raise SpecError(
+                where,
+                f"search.space.{key}",
+                f"searches {p}, which search.space.{other} already searches; keep one of the two",
+                related=(f"search.space.{other}",),
+            )
     points = sample_points(spec)
     problem = _trial_problem(base)
     if problem is not None:  # a spec value that no trial uses (the search always replaces it) is fine

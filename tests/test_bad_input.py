@@ -359,8 +359,13 @@ def run_subprocess(case, fx: Path, setting) -> tuple:
 
 
 def run_in_process(case, fx: Path, setting, monkeypatch, capfd) -> tuple:
+    """One case as a fresh `python -m stabray` would meet it: in particular with no Ray joined (an
+    earlier test's sweep in this process leaves its instance up for the next one)."""
+    import ray
+
     from stabray.cli import main
 
+    ray.shutdown()
     d, args = prepare(case, *setting[:1], fx, setting[1], "in")
     before = snapshot(d)
     for k, v in env(fx).items():
@@ -461,9 +466,12 @@ def test_checkpoint_round_trip_uses_only_tensors_and_json(fixtures, tmp_path):
 @pytest.fixture
 def stale_ray_file(tmp_path, monkeypatch):
     """A `ray_current_cluster` left by a Ray instance that died, under a temporary RAY_TMPDIR; no
-    RAY_ADDRESS; and no running GCS processes seen (another Ray on this machine must not count)."""
+    RAY_ADDRESS; no running GCS processes seen (another Ray on this machine must not count); and no
+    Ray joined by this process (an earlier test's sweep leaves its instance up for the next one)."""
+    import ray
     from ray._private import services
 
+    ray.shutdown()
     addr = f"127.0.0.1:{free_port()}"
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text(addr)
@@ -502,6 +510,37 @@ def test_sweep_with_a_stale_ray_address_exits_2_creating_nothing(stale_ray_file,
     err = capsys.readouterr().err
     assert addr in err and "--address local" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in work.iterdir()) == ["s.yaml"]  # no mlflow.db, no stabray_runs
+
+
+def test_an_address_is_checked_when_ray_is_already_initialised(tmp_path, monkeypatch, capsys):
+    """A pipeline (or an earlier sweep) already joined Ray in this process: an explicit address that is
+    malformed or names another cluster is refused before anything is made, not silently ignored (it
+    was: `--address garbage` ran the sweep on the joined cluster)."""
+    import ray
+
+    from stabray.cli import main
+    from stabray.tune.sweep import check_joined, host_port, init_ray
+
+    started = not ray.is_initialized()
+    init_ray("local")
+    try:
+        port = host_port(ray.get_runtime_context().gcs_address)[1]
+        work = tmp_path / "work"
+        work.mkdir()
+        write(work / "s.yaml", spec())
+        monkeypatch.chdir(work)
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        other = f"127.0.0.1:{port + 1}"
+        for addr, message in [("garbage", "not a Ray address"), (other, "already joined the Ray cluster")]:
+            assert main(["sweep", "s.yaml", "--address", addr]) == 2
+            err = capsys.readouterr().err
+            assert f"--address {addr}" in err and message in err and len(err.strip().splitlines()) == 1
+        assert sorted(p.name for p in work.iterdir()) == ["s.yaml"]  # no mlflow.db, no stabray_runs
+        for fine in (None, "local", "auto", f"127.0.0.1:{port}"):  # the joined cluster itself
+            check_joined(fine)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def test_dry_run_reports_a_stale_ray_address_too(stale_ray_file, tmp_path, monkeypatch, capsys):

@@ -130,6 +130,43 @@ def test_known_keys_follow_the_models():
     assert known_keys(TrialConfig, ("task", "params")) == []  # free-form: no allowed list to guess from
 
 
+def test_set_below_search_space_takes_a_dotted_field_as_one_key():
+    """`--set search.space.model.position_eval_stride=...` searches that field (a space key is a
+    dotted path, as in a spec file); a key ending in a distribution's kind sets that part of it."""
+    from stabray.spec import load_spec
+
+    spec, _ = load_spec(
+        "dijkstra_lengthgen",
+        {
+            "search.space.model.position_eval_stride": {"choice": [3, [2, 3, 4]]},
+            "search.space.lr.loguniform": [1e-4, 1e-2],
+            "search.searcher": "optuna",
+        },
+    )
+    assert spec.search.space["model.position_eval_stride"].choice == [3, [2, 3, 4]]
+    assert spec.search.space["lr"].loguniform == (1e-4, 1e-2)
+    assert "model" not in spec.search.space
+    spec, _ = load_spec("dijkstra_lengthgen", {"search.space.model.position_eval_stride.choice": [2, 3]})
+    assert spec.search.space["model.position_eval_stride"].choice == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["search.space.train.lr={choice: [0.01]}"], "searches train.lr, which search.space.train.lr already searches"),
+        (["search.space.lam=0.5", "search.space.lam.choice=[1]"], "search.space.lam is 0.5, not a distribution"),
+        (["search.space.model.hidden_sise={choice: [64]}"], "hidden_sise: unknown key; did you mean hidden_size?"),
+    ],
+)
+def test_bad_search_space_overrides_are_named(tmp_path, capsys, sets, message):
+    argv = ["sweep", "dijkstra", "--dry-run", "--storage", str(tmp_path / "runs")]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"--set {sets[-1]}" in err
+
+
 def test_a_spec_value_the_search_always_replaces_is_not_an_error(tmp_path, capsys):
     """bits: 7 under `method.params` is no valid bit-width, but where bits is searched no trial uses
     it; where it is not searched, the error names method.params (not a searched key)."""

@@ -105,9 +105,9 @@ def run(args) -> int:
             run, saved = resumed_run(results, spec.name)
             uri = saved["tracking_uri"]
         check_store(uri, create=True, write=True)
-        from stabray.tune.sweep import check_local_resources, ray_target
+        from stabray.tune.sweep import check_address, check_local_resources
 
-        ray_target(args.address)  # an address nothing answers at, or a stale one recorded here
+        check_address(args.address)  # an address nothing answers at, or a stale one recorded here
         check_local_resources(spec, args.address)
         print(yaml.safe_dump(spec.model_dump(), sort_keys=False))
         if args.resume:

@@ -153,11 +153,7 @@ def ray_target(address: str | None = None) -> tuple[str | None, str]:
         return "local", "started a local Ray instance"
     if addr and addr != "auto":
         given = "--address" if address else "RAY_ADDRESS"
-        if not addr.startswith("ray://") and host_port(addr) is None:
-            raise UserError(
-                f"{given} {addr}: not a Ray address; give host:port (e.g. 10.0.0.1:6379), ray://host:port, "
-                "auto (a cluster on this machine) or local (a fresh local instance)"
-            )
+        check_address_form(addr, given)
         why = unreachable(addr)
         if why:
             raise UserError(
@@ -178,12 +174,48 @@ def ray_target(address: str | None = None) -> tuple[str | None, str]:
     return found, f"joined the running Ray cluster at {found}"
 
 
+def check_address_form(addr: str, given: str = "--address") -> None:
+    """A UserError unless `addr` is host:port, :port or ray://host:port (local and auto are the caller's)."""
+    if not addr.startswith("ray://") and host_port(addr) is None:
+        raise UserError(
+            f"{given} {addr}: not a Ray address; give host:port (e.g. 10.0.0.1:6379), ray://host:port, "
+            "auto (a cluster on this machine) or local (a fresh local instance)"
+        )
+
+
+def check_joined(address: str | None) -> None:
+    """With Ray already initialised in this process (a pipeline that called ray.init, or an earlier
+    sweep in it), an explicit address must name that cluster: a malformed one, or another cluster's
+    port, is refused rather than silently ignored. local and auto, or none, use the joined cluster."""
+    if address in (None, "local", "auto"):
+        return
+    check_address_form(address)
+    if address.startswith("ray://"):
+        return  # a client connection: the cluster's own address is not known to compare with
+    current = ray.get_runtime_context().gcs_address
+    here, there = host_port(current), host_port(address)
+    if here is not None and there is not None and here[1] != there[1]:
+        raise UserError(
+            f"--address {address}: this process already joined the Ray cluster at {current}; call "
+            "ray.shutdown() first to join another, or leave --address out to use the joined one"
+        )
+
+
+def check_address(address: str | None) -> None:
+    """What `init_ray(address)` would refuse, refused now, without starting or joining anything."""
+    if ray.is_initialized():
+        check_joined(address)
+    else:
+        ray_target(address)
+
+
 def init_ray(address: str | None = None, verbose: bool = False) -> str:
     """Join a cluster (--address, RAY_ADDRESS, or the one `ray start` / `ray up` recorded on this
     machine) or start a local one, as `ray_target` decides and checks. Returns a short description.
     Unless verbose, the trials' own output (Ray's checkpoint lines, warnings) is not forwarded to
     this console: it stays in each trial's directory."""
     if ray.is_initialized():
+        check_joined(address)
         return "already initialised"
     ray_env()
     target, how = ray_target(address)
@@ -415,6 +447,7 @@ def run_sweep(
     a multi-method sweep, one Optuna study and one MLflow group run per method, run one after the
     other), info holds the tracking URI, experiment, parent run id, results directory, completeness
     and, after SIGINT / SIGTERM, `interrupted` (the signal's name)."""
+    check_address(address)  # a malformed, dead or stale address: before any folder or store is made
     uri = resolve_tracking_uri(tracking_uri, spec.mlflow.tracking_uri)
     experiment = spec.mlflow.experiment or spec.name
     # a file where a folder should be, a missing or unreachable bucket: before anything starts
