@@ -7,7 +7,7 @@ from pathlib import Path
 from analysis.figures import all_figures
 from analysis.load import load
 from analysis.pareto import objectives_of, pareto_figure, pareto_table
-from analysis.select import BEST, Rule
+from analysis.select import BEST, Rule, repeated_seeds
 from analysis.tables import all_tables, table1
 
 
@@ -69,6 +69,7 @@ def build_report(
         f"Source: {source}; {status_line(trials)}; "
         f"{decomp['trial_id'].n_unique() if decomp.height else 0} with a stability decomposition. Only "
         "finished trials (every epoch run) feed the tables' final-metric cells.",
+        *_repeats_line(trials),
         "",
         f"Selection rule (`--select {rule.name}`): per task and method, the tables use the configuration with "
         f"{rule.describe()}.",
@@ -168,3 +169,17 @@ def icl_figures(experiment: str, trials, tracking_uri=None, ray_dir=None, out: P
         except UserError as e:  # e.g. no finished trial yet: the rest of the report still gets written
             print(f"warning: no ICL figures for {task}: {e}")
     return paths
+
+
+def _repeats_line(trials) -> list[str]:
+    """A sentence when some finished trials repeat another's configuration and seed."""
+
+    n = repeated_seeds(trials) if trials.height else 0
+    if not n:
+        return []
+    one = n == 1
+    return [
+        f"{n} finished trial{'' if one else 's'} repeat{'s' if one else ''} another's configuration and seed and "
+        f"{'is' if one else 'are'} not counted again: a mean ± std is over distinct seeds, the lowest trial id "
+        "standing for each."
+    ]

@@ -95,9 +95,25 @@ def _knees(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 
 def seeds_of(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP) -> pl.DataFrame:
-    """Every finished trial sharing a selected configuration (all params but the seed)."""
+    """The finished trials of each selected configuration (all params but the seed), one per seed: a
+    seed run twice (Optuna drawing one point of a small space again, or a sweep repeated into the same
+    store) is one sample of the seed's variation, not two, so its lowest trial id stands for it and
+    means, stds, n and the Welch tests count distinct seeds (`repeated_seeds` counts the others)."""
     keys = selected.select([*by, "config_key"])
-    return _finished(trials).drop([c for c in by]).join(keys, on="config_key", how="inner")
+    return one_per_seed(_finished(trials).drop([c for c in by]).join(keys, on="config_key", how="inner"))
+
+
+def one_per_seed(trials: pl.DataFrame) -> pl.DataFrame:
+    """One trial per (configuration, seed), the lowest trial id (frames without those columns: as given)."""
+    if not trials.height or any(c not in trials.columns for c in ("config_key", "seed", "trial_id")):
+        return trials
+    return trials.sort("trial_id").unique(subset=["config_key", "seed"], keep="first", maintain_order=True)
+
+
+def repeated_seeds(trials: pl.DataFrame) -> int:
+    """Finished trials that repeat another's configuration and seed (counted once in every table)."""
+    done = _finished(trials)
+    return done.height - one_per_seed(done).height
 
 
 def mean_std(trials: pl.DataFrame, selected: pl.DataFrame, metric: str, by: Sequence[str] = GROUP) -> pl.DataFrame:

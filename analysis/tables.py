@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.select import BEST, GROUP, Rule, mean_std, seeds_of, select_best
+from analysis.select import BEST, GROUP, Rule, mean_std, one_per_seed, seeds_of, select_best
 
 MISSING = "–"  # en dash; LaTeX gets "--"
 NOT_RUN = "not run"  # no trial of this (task, method) in the source
@@ -699,7 +699,11 @@ def study_table(
     left out of the table, with a note naming it."""
     by = list(by)
     labels = {"task": "Task", "method": "Method", "model": "Model", "lam": "λ", "bits": "Bits", **(labels or {})}
-    done = trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED")) if trials.height else trials
+    done = (
+        one_per_seed(trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED")))
+        if trials.height
+        else trials
+    )
     missing_by = [c for c in by if c not in done.columns]
     present = [(lab, m, pct) for lab, m, pct in metrics if m in done.columns and done[m].drop_nulls().len() > 0]
     cols = [labels.get(c, c) for c in by] + ["n", *(lab for lab, _, _ in present)]
@@ -749,7 +753,7 @@ def bits_study(trials: pl.DataFrame, by: Sequence[str] = ("task", "method", "lam
     caption = "Table 3 at laptop scale: eq. (4) terms per λ and bit-width at T = stability_T, mean ± std over seeds"
     by = list(by)
     cols = ["Task", "Method", "λ", "Bits", "n", *(c for c, _, _ in STUDY_METRICS), "T"]
-    done = trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED"))
+    done = one_per_seed(trials.filter(pl.col("status").is_null() | (pl.col("status") == "FINISHED")))
     need = [m for _, m, _ in STUDY_METRICS] + ["stability_T"]
     if done.is_empty() or any(c not in done.columns for c in need + by):
         return _empty(name, caption, "No finished trial with the test_*_at_T metrics.", cols)

@@ -112,6 +112,33 @@ def test_selection_ties_go_to_lower_validation_eaf():
     assert select_best(trials)["trial_id"].to_list() == ["t2"]
 
 
+def test_a_repeated_seed_counts_once():
+    """Two finished trials of one configuration and one seed (Optuna drawing a point of a small space
+    again, a sweep repeated into the same store) are one sample of the seed's variation: mean, std, n
+    and the Welch test see distinct seeds, the lowest trial id standing for a repeated one."""
+    from analysis.select import repeated_seeds, seeds_of
+    from analysis.tables import method_tests, welch
+
+    accs = [0.70, 0.74, 0.79]
+    rows = [rec(f"s{i}", seed=i, val=(0.8,), test=a) for i, a in enumerate(accs)]
+    rows.append(rec("s9", seed=1, val=(0.8,), test=0.10))  # seed 1 again, with a later trial id
+    alg1 = [rec(f"a{i}", method="alg1", seed=i, val=(0.8,), test=a + 0.1) for i, a in enumerate(accs)]
+    trials = trials_frame(rows + alg1)
+    assert repeated_seeds(trials) == 1
+    assert sorted(seeds_of(trials, select_best(trials))["trial_id"].to_list()) == ["a0", "a1", "a2", "s0", "s1", "s2"]
+    st = mean_std(trials, select_best(trials), "test_acc").filter(pl.col("method") == "sft_cot").row(0, named=True)
+    assert st["n"] == 3
+    assert st["mean"] == pytest.approx(np.mean(accs)) and st["std"] == pytest.approx(np.std(accs, ddof=1))
+    row = method_tests(trials).data.filter((pl.col("method") == "sft_cot") & (pl.col("metric") == "test_acc"))
+    row = row.row(0, named=True)
+    assert (row["n_ref"], row["n"]) == (3, 3) and row["p"] == pytest.approx(welch([a + 0.1 for a in accs], accs)[2])
+    from analysis.tables import study_table
+
+    grid = study_table(trials, ("task", "method"), [("Acc", "test_acc", True)], "g", "grid").data  # no selection
+    sft = grid.filter(pl.col("method") == "sft_cot").row(0, named=True)
+    assert sft["n"] == 3 and sft["test_acc_mean"] == pytest.approx(np.mean(accs))
+
+
 def test_mean_std_over_seeds_matches_numpy():
     accs = [0.70, 0.74, 0.79]
     trials = trials_frame(

@@ -64,6 +64,17 @@ def test_params_carry_an_embedded_models_shape():
     parent = sweep_params(spec)  # the sweep's parent run says the same
     assert (parent["model"], parent["hidden_size"], parent["num_layers"]) == ("embedded-mini", 128, 3)
     assert (parent["positions"], parent["position_span"], parent["position_eval_stride"]) == ("random", 512, "3")
+    # a searched field is the best trial's at the end, not the spec's at the start (MLflow keeps the first)
+    searching, _ = load_spec(
+        "dijkstra_lengthgen",
+        {
+            "search.space.model.position_eval_stride": {"choice": [3, [2, 3, 4]]},
+            "search.space.train.epochs": {"choice": [80, 160]},
+        },
+    )
+    parent = sweep_params(searching)
+    assert "position_eval_stride" not in parent and "epochs" not in parent
+    assert parent["space.model.position_eval_stride"] and parent["position_span"] == 512
 
 
 def test_statuses():

@@ -289,7 +289,10 @@ def _method_specs(spec) -> list:
 
 
 def sweep_params(spec) -> dict[str, Any]:
-    """The parent run's params at the start: what the sweep studies and how it searches."""
+    """The parent run's params at the start: what the sweep studies and how it searches. A field the
+    search varies (task.params.n_nodes, model.position_eval_stride, ...) is left out: its spec value is
+    no trial's, and at the end the parent logs the best trial's value under that name (MLflow keeps a
+    param's first value, so logging the spec's value here would refuse the best one)."""
     s = spec.search
     p: dict[str, Any] = {
         "task": spec.task.name,
@@ -319,7 +322,8 @@ def sweep_params(spec) -> dict[str, Any]:
         for key, dist in sub_spec.search.space.items():
             prefix = f"space.{sub_spec.method.name}." if spec.methods else "space."
             p[prefix + key] = _dist_text(dist)
-    return p
+    searched = set(searched_names(spec))
+    return {k: v for k, v in p.items() if k not in searched}
 
 
 def sweep_description(spec) -> str:
