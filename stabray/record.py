@@ -419,10 +419,12 @@ def model_shape(model: dict[str, Any]) -> dict[str, Any]:
 
 
 # Short labels of searched values in run names (alg1-lam0.2-b4-lr0.0031-s0); any other key keeps its name.
-NAME_LABELS = {"bits": "b", "lora_rank": "r", "batch_size": "bs", "seed": "s"}
+NAME_LABELS = {"bits": "b", "lora_rank": "r", "batch_size": "bs", "seed": "s", "position_eval_stride": "stride"}
 
 
 def _short(v: Any) -> str:
+    if isinstance(v, list | tuple):  # a list value (a stride per input): 2,3,4, as its param
+        return ",".join(_short(x) for x in v)
     if isinstance(v, float):
         return f"{v:.2g}" if abs(v) < 0.01 or abs(v) >= 1000 else f"{v:.3g}"  # 0.0031, 0.2, 12.5
     return str(v)

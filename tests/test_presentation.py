@@ -24,6 +24,8 @@ def test_run_names_are_readable_and_unique():
     assert run_name(cfg, searched) == "alg1-lam0.2-b4-lr0.0031-s0"
     assert run_name({**cfg, "seed": 3}, []) == "alg1-s3"
     assert run_name({**cfg, "method": {"name": "sft_cot"}}, ["train.lr"]) == "sft_cot-lr0.0031-s0"
+    strided = {**cfg, "model": {"position_eval_stride": [2, 3, 4]}}
+    assert run_name(strided, ["model.position_eval_stride"]) == "alg1-stride2,3,4-s0"  # as its param reads
 
     from stabray.tune.callbacks import MLflowTuneCallback
 
