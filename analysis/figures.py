@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
-from analysis.select import BEST, Rule, seeds_of, select_best  # noqa: E402
+from analysis.select import BEST, Rule, one_per_seed, seeds_of, select_best  # noqa: E402
 from analysis.tables import HPARAMS, PAPER_METHODS, TASK_ORDER, method_label, ordered, task_label  # noqa: E402
 
 DPI = 120
@@ -88,6 +88,7 @@ def _one_knob(trials: pl.DataFrame, param: str) -> pl.DataFrame:
     """Per (task, method) that swept `param`: its finished trials with every other swept
     hyperparameter held at the selected configuration's value (Figure 4 varies one knob)."""
     done = trials.filter(pl.col(param).is_not_null() & (pl.col("status").is_null() | (pl.col("status") == "FINISHED")))
+    done = one_per_seed(done)  # a seed run twice is one sample
     parts = []
     for r in select_best(done).iter_rows(named=True):
         d = done.filter((pl.col("task") == r["task"]) & (pl.col("method") == r["method"]))

@@ -94,20 +94,31 @@ def _knees(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     return pl.concat(parts) if parts else df.head(0)
 
 
-def seeds_of(trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP) -> pl.DataFrame:
-    """The finished trials of each selected configuration (all params but the seed), one per seed: a
-    seed run twice (Optuna drawing one point of a small space again, or a sweep repeated into the same
-    store) is one sample of the seed's variation, not two, so its lowest trial id stands for it and
-    means, stds, n and the Welch tests count distinct seeds (`repeated_seeds` counts the others)."""
+def seeds_of(
+    trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP, metric: str | None = None
+) -> pl.DataFrame:
+    """The finished trials of each selected configuration (all params but the seed), one per seed
+    (`one_per_seed`: the selected trial stands for its own seed); with `metric`, only trials that
+    logged it, before a repeated seed is reduced to one."""
     keys = selected.select([*by, "config_key"])
-    return one_per_seed(_finished(trials).drop([c for c in by]).join(keys, on="config_key", how="inner"))
+    rows = _finished(trials).drop([c for c in by]).join(keys, on="config_key", how="inner")
+    if metric is not None:
+        rows = rows.filter(pl.col(metric).is_not_null())
+    return one_per_seed(rows, prefer=set(selected["trial_id"].to_list()) if "trial_id" in selected.columns else None)
 
 
-def one_per_seed(trials: pl.DataFrame) -> pl.DataFrame:
-    """One trial per (configuration, seed), the lowest trial id (frames without those columns: as given)."""
+def one_per_seed(trials: pl.DataFrame, prefer: set[str] | None = None) -> pl.DataFrame:
+    """One trial per (configuration, seed). A seed run twice for one configuration (Optuna drawing a
+    point of a small space again, a sweep repeated into the same store) is one sample of the seed's
+    variation, not two: the trial in `prefer` (a selected one) stands for it, else the lowest trial
+    id (an order of ids, not of time: Ray's ids of two sweeps do not say which ran first). Trials
+    without a seed are kept as they are, as is a frame without those columns."""
     if not trials.height or any(c not in trials.columns for c in ("config_key", "seed", "trial_id")):
         return trials
-    return trials.sort("trial_id").unique(subset=["config_key", "seed"], keep="first", maintain_order=True)
+    seeded = trials.filter(pl.col("seed").is_not_null())
+    ranked = seeded.with_columns(_other=~pl.col("trial_id").is_in(list(prefer or ()))).sort(["_other", "trial_id"])
+    kept = set(ranked.unique(subset=["config_key", "seed"], keep="first")["trial_id"].to_list())
+    return trials.filter(pl.col("seed").is_null() | pl.col("trial_id").is_in(list(kept)))
 
 
 def repeated_seeds(trials: pl.DataFrame) -> int:
@@ -120,7 +131,7 @@ def mean_std(trials: pl.DataFrame, selected: pl.DataFrame, metric: str, by: Sequ
     """Per group: mean, sample std (ddof=1; null with one seed) and n of `metric` over the seeds
     of the selected configuration. Trials where the metric is missing do not count."""
     by = list(by)
-    rows = seeds_of(trials, selected, by).filter(pl.col(metric).is_not_null())
+    rows = seeds_of(trials, selected, by, metric)
     return rows.group_by(by, maintain_order=True).agg(
         mean=pl.col(metric).mean(),
         std=pl.col(metric).std(ddof=1),

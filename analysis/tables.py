@@ -391,7 +391,7 @@ def method_tests(
     if not trials.height or reference not in trials["method"].to_list():
         return _empty(name, caption, f"No trials of {reference}.", ["Task", "Method"])
     selected = select_best(trials, rule=rule)
-    seeds = seeds_of(trials, selected)
+    seeds = {m: seeds_of(trials, selected, metric=m) for m in metrics}  # a seed's repeat may hold what it lacks
     tasks = ordered(trials["task"].to_list(), TASK_ORDER)
     meths = [m for m in ordered(PAPER_METHODS + trials["method"].to_list(), PAPER_METHODS) if m != reference]
     display: dict[str, list[str]] = {"Task": [], "Method": []}
@@ -402,7 +402,7 @@ def method_tests(
         for meth in meths:
             vals = {}
             for metric in metrics:
-                ref, other = (_seed_values(seeds, t, x, metric) for x in (reference, meth))
+                ref, other = (_seed_values(seeds[metric], t, x, metric) for x in (reference, meth))
                 vals[metric] = (ref, other, welch(ref, other))
             if not any(o for _, o, _ in vals.values()):
                 continue

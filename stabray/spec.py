@@ -93,27 +93,35 @@ DIST_KINDS = tuple(Dist.model_fields)  # choice, loguniform, uniform, randint
 def set_override(raw: dict[str, Any], key: str, value: Any) -> None:
     """Apply one override (`--set key=value`) to a raw spec. Below `search.space.` the rest of the
     key is one search-space key, itself a dotted field path (`search.space.model.position_eval_stride`
-    searches model.position_eval_stride), unless it ends in a distribution's kind, which sets that
-    part of the key's distribution (`search.space.lr.loguniform=[1e-4, 1e-2]`)."""
+    searches model.position_eval_stride), unless it ends in a distribution's kind, which gives that
+    key this distribution (`search.space.lr.choice=[0.003]` replaces lr's loguniform range; a field
+    whose own name is a kind is reached through its distribution: `search.space.<path>.choice.choice`).
+    The override replaces every key searching the same field (`search.space.train.lr` replaces the
+    spec's `lr`), and null drops the search of that field."""
     prefix = "search.space."
-    rest = key[len(prefix) :] if key.startswith(prefix) else ""
-    if "." not in rest:
+    if not key.startswith(prefix):
         set_path(raw, key, value)
         return
-    if not all(rest.split(".")):
+    rest = key[len(prefix) :]
+    if not rest or not all(rest.split(".")):
         raise UserError(f"{key!r}: not a dotted path of keys (like search.space.model.position_eval_stride)")
-    if (raw.get("search") or {}).get("space") is None:
-        set_path(raw, "search.space", {})
-    space = raw["search"]["space"]
+    if raw.get("search") is None:
+        raw["search"] = {}
+    search = raw["search"]
+    if not isinstance(search, dict):
+        raise UserError(f"search is {search!r}, not a mapping, so it has no key 'space'")
+    if search.get("space") is None:
+        search["space"] = {}
+    space = search["space"]
+    if not isinstance(space, dict):
+        raise UserError(f"search.space is {space!r}, not a mapping of searched fields")
     name, _, last = rest.rpartition(".")
-    if last not in DIST_KINDS:
+    if name and last in DIST_KINDS:
+        rest, value = name, (None if value is None else {last: value})
+    for k in [k for k in space if space_path(k) == space_path(rest)]:
+        del space[k]
+    if value is not None:
         space[rest] = value
-        return
-    if space.get(name) is None:
-        space[name] = {}
-    if not isinstance(space[name], dict):
-        raise UserError(f"search.space.{name} is {space[name]!r}, not a distribution, so it has no {last!r}")
-    space[name][last] = value
 
 
 def _sets_field(key: str, field: str) -> bool:

@@ -139,6 +139,27 @@ def test_a_repeated_seed_counts_once():
     assert sft["n"] == 3 and sft["test_acc_mean"] == pytest.approx(np.mean(accs))
 
 
+def test_one_per_seed_keeps_the_selected_trial_the_logged_metric_and_seedless_trials():
+    from analysis.select import one_per_seed, seeds_of
+
+    trials = trials_frame(
+        [
+            rec("t1", seed=0, val=(0.5,), test=None),  # seed 0, no test_acc logged
+            rec("t2", seed=0, val=(0.9,), test=0.8),  # seed 0 again: the selected trial (best val)
+            rec("t3", seed=1, val=(0.6,), test=0.7),
+        ]
+    )
+    selected = select_best(trials)
+    assert selected["trial_id"].to_list() == ["t2"]
+    assert sorted(seeds_of(trials, selected)["trial_id"].to_list()) == ["t2", "t3"]  # the selected stands for 0
+    st = mean_std(trials, selected, "test_acc").row(0, named=True)
+    assert st["n"] == 2 and st["mean"] == pytest.approx(0.75)
+    no_pref = seeds_of(trials, selected.with_columns(trial_id=pl.lit("zz")), metric="test_acc")
+    assert sorted(no_pref["trial_id"].to_list()) == ["t2", "t3"]  # t1 lacks the metric: its repeat counts
+    seedless = trials.with_columns(seed=pl.lit(None, dtype=pl.Int64))
+    assert one_per_seed(seedless).height == 3  # no seed to compare: nothing set aside
+
+
 def test_mean_std_over_seeds_matches_numpy():
     accs = [0.70, 0.74, 0.79]
     trials = trials_frame(

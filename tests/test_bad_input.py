@@ -530,13 +530,18 @@ def test_an_address_is_checked_when_ray_is_already_initialised(tmp_path, monkeyp
         write(work / "s.yaml", spec())
         monkeypatch.chdir(work)
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        other = f"127.0.0.1:{port + 1}"
-        for addr, message in [("garbage", "not a Ray address"), (other, "already joined the Ray cluster")]:
+        cases = [
+            ("garbage", "not a Ray address"),
+            (f"127.0.0.1:{port + 1}", "already joined the Ray cluster"),  # another port here
+            (f"10.255.255.1:{port}", "already joined the Ray cluster"),  # the same port on another machine
+        ]
+        for addr, message in cases:
             assert main(["sweep", "s.yaml", "--address", addr]) == 2
             err = capsys.readouterr().err
             assert f"--address {addr}" in err and message in err and len(err.strip().splitlines()) == 1
         assert sorted(p.name for p in work.iterdir()) == ["s.yaml"]  # no mlflow.db, no stabray_runs
-        for fine in (None, "local", "auto", f"127.0.0.1:{port}"):  # the joined cluster itself
+        node = ray.util.get_node_ip_address()
+        for fine in (None, "local", "auto", f"127.0.0.1:{port}", f"localhost:{port}", f"{node}:{port}"):
             check_joined(fine)
     finally:
         if started:

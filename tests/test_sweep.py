@@ -132,7 +132,9 @@ def test_known_keys_follow_the_models():
 
 def test_set_below_search_space_takes_a_dotted_field_as_one_key():
     """`--set search.space.model.position_eval_stride=...` searches that field (a space key is a
-    dotted path, as in a spec file); a key ending in a distribution's kind sets that part of it."""
+    dotted path, as in a spec file); a key ending in a distribution's kind gives the key that
+    distribution, replacing its old one; an override replaces every key searching the same field
+    (shorthand or path), and null drops the search."""
     from stabray.spec import load_spec
 
     spec, _ = load_spec(
@@ -148,13 +150,21 @@ def test_set_below_search_space_takes_a_dotted_field_as_one_key():
     assert "model" not in spec.search.space
     spec, _ = load_spec("dijkstra_lengthgen", {"search.space.model.position_eval_stride.choice": [2, 3]})
     assert spec.search.space["model.position_eval_stride"].choice == [2, 3]
+    base, _ = load_spec("dijkstra")
+    assert base.search.space["lr"].loguniform is not None  # the spec's lr: a range
+    spec, _ = load_spec("dijkstra", {"search.space.lr.choice": [0.003]})  # not choice *and* loguniform
+    assert spec.search.space["lr"].model_dump(exclude_none=True) == {"choice": [0.003]}
+    spec, _ = load_spec("dijkstra", {"search.space.train.lr": {"choice": [0.01]}})
+    assert "lr" not in spec.search.space and spec.search.space["train.lr"].choice == [0.01]
+    spec, _ = load_spec("dijkstra", {"search.space.lam": None, "search.space.bits.choice": None})
+    assert set(spec.search.space) == {"lr"}
 
 
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["search.space.train.lr={choice: [0.01]}"], "searches train.lr, which search.space.train.lr already searches"),
-        (["search.space.lam=0.5", "search.space.lam.choice=[1]"], "search.space.lam is 0.5, not a distribution"),
+        (["search=3", "search.space.lr.choice=[1e-3]"], "search is 3, not a mapping"),
+        (["search.space=[1]", "search.space.lr.choice=[1e-3]"], "search.space is [1], not a mapping"),
         (["search.space.model.hidden_sise={choice: [64]}"], "hidden_sise: unknown key; did you mean hidden_size?"),
     ],
 )
@@ -164,7 +174,21 @@ def test_bad_search_space_overrides_are_named(tmp_path, capsys, sets, message):
         argv += ["--set", s]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert message in err and f"--set {sets[-1]}" in err
+    assert message in err and f"--set {sets[-1]}" in err and "Traceback" not in err
+
+
+def test_two_space_keys_searching_one_field_in_a_spec_file_are_refused(tmp_path, capsys):
+    path = write_spec(tmp_path, search={"space": {"lr": {"choice": [1e-3]}, "train.lr": {"choice": [2e-3]}}})
+    assert main(["sweep", str(path), "--dry-run", "--storage", str(tmp_path / "runs")]) == 2
+    assert "searches train.lr, which search.space." in capsys.readouterr().err
+
+
+def test_method_flag_with_a_space_override_of_its_own_key(tmp_path, capsys):
+    """`--method alg1 --set search.space.lam.choice=[0.3]`: the user's lam replaces the method's own."""
+    assert main(["sweep", "dijkstra", "--method", "alg1", "--set", "search.space.lam.choice=[0.3]", "--dry-run"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    space = out["search"]["space"]
+    assert space["lam"]["choice"] == [0.3] and "method.params.lam" not in space and "method.params.bits" in space
 
 
 def test_a_spec_value_the_search_always_replaces_is_not_an_error(tmp_path, capsys):

@@ -80,12 +80,8 @@ def run(args) -> int:
 
     overrides, sources = parse_overrides(args)
     if args.method:  # first the method's own space and params, then the user's --set on top of them
-        from stabray.spec import space_path
-
-        method = method_space_overrides(args.spec, args.method)
-        mine = {space_path(k.removeprefix("search.space.")) for k in overrides if k.startswith("search.space.")}
-        method["search.space"] = {k: d for k, d in method["search.space"].items() if space_path(k) not in mine}
-        overrides = {**method, **overrides}
+        # (a --set below search.space replaces the key searching the same field: stabray.spec.set_override)
+        overrides = {**method_space_overrides(args.spec, args.method), **overrides}
     spec, path = load_spec(args.spec, overrides, sources)  # every error here exits 2, before Ray starts
     if not (args.address or "").startswith("ray://"):  # through Ray Client the trials run elsewhere
         from stabray.config import local_model_problem

@@ -104,7 +104,7 @@ def closing_table(spec, df: pl.DataFrame, rows: int = 10) -> tuple[pl.DataFrame,
 
 def method_table(spec, df: pl.DataFrame) -> pl.DataFrame:
     """A multi-method sweep side by side: per method (and configuration, when a method ran several),
-    mean ± sample std over its finished trials (the seeds) of every accuracy column, n, and a last
+    mean ± sample std over its finished trials (the seeds, each counted once) of every accuracy column, n, and a last
     row with the best trivial rule's accuracy on the same examples. Empty for a one-method sweep."""
     if not spec.methods or not df.height:
         return pl.DataFrame()
@@ -112,6 +112,8 @@ def method_table(spec, df: pl.DataFrame) -> pl.DataFrame:
     done = df.filter(pl.col("status") == "FINISHED")
     if not done.height:
         return pl.DataFrame()
+    if "seed" in done.columns:  # a seed drawn twice for one configuration is one sample (as in analysis/)
+        done = done.sort("trial_id").unique(subset=["method", "config_key", "seed"], keep="first", maintain_order=True)
     order = [m.method.name for m in _method_specs(spec)]
     groups = done.group_by(["method", "config_key"], maintain_order=True).agg(
         pl.len().alias("n"),

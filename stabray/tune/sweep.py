@@ -194,7 +194,14 @@ def check_joined(address: str | None) -> None:
         return  # a client connection: the cluster's own address is not known to compare with
     current = ray.get_runtime_context().gcs_address
     here, there = host_port(current), host_port(address)
-    if here is not None and there is not None and here[1] != there[1]:
+    if here is None or there is None:
+        return
+    this_machine = {"127.0.0.1", "localhost", "0.0.0.0", ray.util.get_node_ip_address()}
+
+    def where(hp: tuple[str, int]) -> tuple[str, int]:
+        return ("this machine" if hp[0] in this_machine else hp[0], hp[1])
+
+    if where(here) != where(there):
         raise UserError(
             f"--address {address}: this process already joined the Ray cluster at {current}; call "
             "ray.shutdown() first to join another, or leave --address out to use the joined one"
@@ -784,6 +791,7 @@ def run_configs(
     run, logged to `experiment` under a new parent run; `address` as `run_sweep`'s."""
     uri = resolve_tracking_uri(tracking_uri)
     quiet_logs(False)
+    check_address(address)  # before the store is made, as run_sweep
     store = Store(uri, experiment)
     init_ray(address)
     results = open_storage(storage)
