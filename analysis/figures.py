@@ -11,8 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
-from analysis.select import BEST, Rule, one_per_seed, seeds_of, select_best  # noqa: E402
+from analysis.select import BEST, Rule, seeds_of, select_best  # noqa: E402
 from analysis.tables import HPARAMS, PAPER_METHODS, TASK_ORDER, method_label, ordered, task_label  # noqa: E402
+from stabray.record import one_per_seed  # noqa: E402
 
 DPI = 120
 

@@ -173,13 +173,12 @@ def icl_figures(experiment: str, trials, tracking_uri=None, ray_dir=None, out: P
 
 def _repeats_line(trials) -> list[str]:
     """A sentence when some finished trials repeat another's configuration and seed."""
-
     n = repeated_seeds(trials) if trials.height else 0
     if not n:
         return []
     one = n == 1
     return [
         f"{n} finished trial{'' if one else 's'} repeat{'s' if one else ''} another's configuration and seed and "
-        f"{'is' if one else 'are'} not counted again: a mean ± std is over distinct seeds, the lowest trial id "
-        "standing for each."
+        f"{'is' if one else 'are'} not counted again: a mean ± std is over distinct seeds, one trial standing for "
+        "each (the selected one where it is among them, else the lowest trial id)."
     ]

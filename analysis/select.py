@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from stabray.record import one_per_seed
+
 GROUP = ("task", "method")
 RULES = ("best_acc", "eaf_within", "knee")
 
@@ -98,27 +100,13 @@ def seeds_of(
     trials: pl.DataFrame, selected: pl.DataFrame, by: Sequence[str] = GROUP, metric: str | None = None
 ) -> pl.DataFrame:
     """The finished trials of each selected configuration (all params but the seed), one per seed
-    (`one_per_seed`: the selected trial stands for its own seed); with `metric`, only trials that
+    (`stabray.record.one_per_seed`: the selected trial stands for its own seed); with `metric`, only trials that
     logged it, before a repeated seed is reduced to one."""
     keys = selected.select([*by, "config_key"])
     rows = _finished(trials).drop([c for c in by]).join(keys, on="config_key", how="inner")
     if metric is not None:
         rows = rows.filter(pl.col(metric).is_not_null())
     return one_per_seed(rows, prefer=set(selected["trial_id"].to_list()) if "trial_id" in selected.columns else None)
-
-
-def one_per_seed(trials: pl.DataFrame, prefer: set[str] | None = None) -> pl.DataFrame:
-    """One trial per (configuration, seed). A seed run twice for one configuration (Optuna drawing a
-    point of a small space again, a sweep repeated into the same store) is one sample of the seed's
-    variation, not two: the trial in `prefer` (a selected one) stands for it, else the lowest trial
-    id (an order of ids, not of time: Ray's ids of two sweeps do not say which ran first). Trials
-    without a seed are kept as they are, as is a frame without those columns."""
-    if not trials.height or any(c not in trials.columns for c in ("config_key", "seed", "trial_id")):
-        return trials
-    seeded = trials.filter(pl.col("seed").is_not_null())
-    ranked = seeded.with_columns(_other=~pl.col("trial_id").is_in(list(prefer or ()))).sort(["_other", "trial_id"])
-    kept = set(ranked.unique(subset=["config_key", "seed"], keep="first")["trial_id"].to_list())
-    return trials.filter(pl.col("seed").is_null() | pl.col("trial_id").is_in(list(kept)))
 
 
 def repeated_seeds(trials: pl.DataFrame) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.select import BEST, GROUP, Rule, mean_std, one_per_seed, seeds_of, select_best
+from analysis.select import BEST, GROUP, Rule, mean_std, seeds_of, select_best
+from stabray.record import one_per_seed
 
 MISSING = "–"  # en dash; LaTeX gets "--"
 NOT_RUN = "not run"  # no trial of this (task, method) in the source

@@ -565,6 +565,20 @@ def _best_epoch(history: list[tuple[int, float]]) -> tuple[int | None, float | N
     return int(epoch), float(val)
 
 
+def one_per_seed(trials: pl.DataFrame, prefer: set[str] | None = None) -> pl.DataFrame:
+    """One trial per (configuration, seed). A seed run twice for one configuration (Optuna drawing a
+    point of a small space again, a sweep repeated into the same store) is one sample of the seed's
+    variation, not two: the trial in `prefer` (a selected one) stands for it, else the lowest trial
+    id (an order of ids, not of time: Ray's ids of two sweeps do not say which ran first). Trials
+    without a seed are kept as they are, as is a frame without those columns."""
+    if not trials.height or any(c not in trials.columns for c in ("config_key", "seed", "trial_id")):
+        return trials
+    seeded = trials.filter(pl.col("seed").is_not_null())
+    ranked = seeded.with_columns(_other=~pl.col("trial_id").is_in(list(prefer or ()))).sort(["_other", "trial_id"])
+    kept = set(ranked.unique(subset=["config_key", "seed"], keep="first")["trial_id"].to_list())
+    return trials.filter(pl.col("seed").is_null() | pl.col("trial_id").is_in(list(kept)))
+
+
 def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
     """One typed row per trial: meta columns, every param, final metrics (the sized ones, e.g.
     test_acc_n5, as they occur), best epoch."""

@@ -12,7 +12,15 @@ from typing import Any
 import polars as pl
 
 from stabray.pareto import FRONT, front_figure, front_rows, mark_front
-from stabray.record import TrialRecord, acc_metric, describe_metric, model_positions, model_shape, trials_frame
+from stabray.record import (
+    TrialRecord,
+    acc_metric,
+    describe_metric,
+    model_positions,
+    model_shape,
+    one_per_seed,
+    trials_frame,
+)
 
 # Columns of the closing table, after the trial id and the searched params; each is a metric
 # declared in stabray.record (its meaning is printed under the table) or a frame column.
@@ -112,8 +120,7 @@ def method_table(spec, df: pl.DataFrame) -> pl.DataFrame:
     done = df.filter(pl.col("status") == "FINISHED")
     if not done.height:
         return pl.DataFrame()
-    if "seed" in done.columns:  # a seed drawn twice for one configuration is one sample (as in analysis/)
-        done = done.sort("trial_id").unique(subset=["method", "config_key", "seed"], keep="first", maintain_order=True)
+    done = one_per_seed(done)  # a seed drawn twice for one configuration is one sample (as in analysis/)
     order = [m.method.name for m in _method_specs(spec)]
     groups = done.group_by(["method", "config_key"], maintain_order=True).agg(
         pl.len().alias("n"),

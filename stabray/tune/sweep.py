@@ -185,8 +185,9 @@ def check_address_form(addr: str, given: str = "--address") -> None:
 
 def check_joined(address: str | None) -> None:
     """With Ray already initialised in this process (a pipeline that called ray.init, or an earlier
-    sweep in it), an explicit address must name that cluster: a malformed one, or another cluster's
-    port, is refused rather than silently ignored. local and auto, or none, use the joined cluster."""
+    sweep in it), an explicit address must name that cluster: a malformed one, or one whose host or
+    port differs (any name of this machine counts as its host), is refused rather than silently
+    ignored. local and auto, or none, use the joined cluster."""
     if address in (None, "local", "auto"):
         return
     check_address_form(address)
