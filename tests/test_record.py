@@ -75,6 +75,18 @@ def test_params_carry_an_embedded_models_shape():
     parent = sweep_params(searching)
     assert "position_eval_stride" not in parent and "epochs" not in parent
     assert parent["space.model.position_eval_stride"] and parent["position_span"] == 512
+    # searching what a param derives from leaves that param out too (the spec's preset is no trial's),
+    # and the end of the sweep logs the best trial's: a row of trial_params
+    from stabray.tune.summary import derived_names, searched_names
+
+    presets, _ = load_spec("dijkstra", {"search.space.model.preset": {"choice": ["mini", "small"]}})
+    parent = sweep_params(presets)
+    assert not {"preset", "model", "hidden_size", "num_layers"} & set(parent), parent
+    assert derived_names(presets) == ["model", "hidden_size", "num_layers"]
+    best = trial_params({**presets.trial_base(), "model": {**presets.trial_base()["model"], "preset": "small"}})
+    at_end = {n: best[n] for n in derived_names(presets)}
+    assert at_end == {"model": "embedded-small", "hidden_size": 128, "num_layers": 2}
+    assert "preset" in searched_names(presets) and derived_names(spec) == []
 
 
 def test_statuses():

@@ -291,6 +291,25 @@ def searched_names(spec) -> list[str]:
     return out
 
 
+# Parent params derived from another field: searching the field varies them too (`model.preset` sets the
+# model's name and shape; `model.positions` decides whether the span and stride are logged at all).
+DERIVED_PARAMS = {
+    "preset": ("model", "hidden_size", "num_layers"),
+    "pretrained": ("model", "hidden_size", "num_layers"),
+    "positions": ("position_span", "position_eval_stride"),
+}
+
+
+def derived_names(spec) -> list[str]:
+    """The parent params derived from a searched field (see DERIVED_PARAMS): the spec's value of each
+    is no trial's, so the parent leaves them out at the start and logs the best trial's at the end."""
+    searched = searched_names(spec)
+    out: list[str] = []
+    for name in searched:
+        out += [d for d in DERIVED_PARAMS.get(name, ()) if d not in searched and d not in out]
+    return out
+
+
 def _method_specs(spec) -> list:
     from stabray.spec import method_specs
 
@@ -301,7 +320,9 @@ def sweep_params(spec) -> dict[str, Any]:
     """The parent run's params at the start: what the sweep studies and how it searches. A field the
     search varies (task.params.n_nodes, model.position_eval_stride, ...) is left out: its spec value is
     no trial's, and at the end the parent logs the best trial's value under that name (MLflow keeps a
-    param's first value, so logging the spec's value here would refuse the best one)."""
+    param's first value, so logging the spec's value here would refuse the best one). So is a param
+    derived from a searched field (`derived_names`: searching `model.preset` leaves out `model`,
+    `hidden_size` and `num_layers`)."""
     s = spec.search
     p: dict[str, Any] = {
         "task": spec.task.name,
@@ -331,7 +352,7 @@ def sweep_params(spec) -> dict[str, Any]:
         for key, dist in sub_spec.search.space.items():
             prefix = f"space.{sub_spec.method.name}." if spec.methods else "space."
             p[prefix + key] = _dist_text(dist)
-    searched = set(searched_names(spec))
+    searched = set(searched_names(spec)) | set(derived_names(spec))
     return {k: v for k, v in p.items() if k not in searched}
 
 
@@ -455,7 +476,8 @@ def log_sweep_summary(store, parent_run_id: str, spec, records: list[TrialRecord
     if spec.search.multi:
         log_pareto(store, parent_run_id, spec, df)
     metric_cols = metric_columns(spec)
-    params = {n: best.get(n) for n in searched_names(spec) if best.get(n) is not None}
+    names = searched_names(spec) + derived_names(spec)
+    params = {n: best.get(n) for n in names if best.get(n) is not None}
     if spec.methods:
         params["method"] = best.get("method")
     try:
