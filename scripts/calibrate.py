@@ -1,6 +1,7 @@
 """One laptop-calibration trial without Ray: a profile of scripts/calibration_profiles.yaml (plus
 --set overrides), trained to the end with one torch thread, then exact-match accuracy on every
-evaluation split beside the task's trivial rules on the same examples, broken down by input size;
+evaluation split beside the task's trivial rules on the same examples, broken down by input size
+(and for SFT-CoT, how often the written steps are the example's, `steps_report`);
 one JSON line appended to --out (`scripts/calibration_table.py` turns the lines into the README's
 calibration table).
 
@@ -57,20 +58,46 @@ def split_report(run, split: str) -> dict:
     fns = list(run.task.trivial_baselines().values())
     no_rule = [not any(run.task.is_correct(e, f(e)) for f in fns) for e in exs]
     reach = position_reach(run, split, preds)
-    return ({"reach": reach} if reach else {}) | {
-        "acc": acc,
-        "no_rule_n": sum(no_rule),
-        "no_rule_acc": sum(o for o, nr in zip(ok, no_rule) if nr) / max(1, sum(no_rule)),
-        "n": len(ok),
-        "std": math.sqrt(acc * (1 - acc) / len(ok)),
-        "best_rule": best[1],
-        "best_rule_name": best[0],
-        "rules": rules,
-        "by_size": by_size,
-        "sizes": sorted({e.meta.get("n") for e in exs}),
-        "sample_pred": preds[:2],
-        "sample_gold": [e.answer for e in exs[:2]],
-        "wrong": [(p, e.answer) for e, p, o in zip(exs, preds, ok) if not o][:4],  # (predicted, gold)
+    return (
+        ({"reach": reach} if reach else {})
+        | steps_report(run, exs, preds, ok)
+        | {
+            "acc": acc,
+            "no_rule_n": sum(no_rule),
+            "no_rule_acc": sum(o for o, nr in zip(ok, no_rule) if nr) / max(1, sum(no_rule)),
+            "n": len(ok),
+            "std": math.sqrt(acc * (1 - acc) / len(ok)),
+            "best_rule": best[1],
+            "best_rule_name": best[0],
+            "rules": rules,
+            "by_size": by_size,
+            "sizes": sorted({e.meta.get("n") for e in exs}),
+            "sample_pred": preds[:2],
+            "sample_gold": [e.answer for e in exs[:2]],
+            "wrong": [(p, e.answer) for e, p, o in zip(exs, preds, ok) if not o][:4],  # (predicted, gold)
+        }
+    )
+
+
+def steps_of(text: str) -> str:
+    """The steps of an answer (the text before its last '|'), as tokens; "" when it has no '|'."""
+    from stabray.tasks.base import normalize_answer
+
+    return normalize_answer(text.rsplit("|", 1)[0]) if "|" in text else ""
+
+
+def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
+    """SFT-CoT only (its target is the example's whole chain): `steps_acc`, the fraction of answers
+    whose written steps are the example's steps token for token, and `steps_ok_final_wrong`, how many
+    of the wrong answers follow the chain right and then get the final answer wrong (e.g. a LEGO
+    delta trace that resolves every variable and then lists one too few). {} for other methods,
+    whose targets are not the whole chain."""
+    if run.method.name != "sft_cot":
+        return {}
+    same = [steps_of(p) == steps_of(e.answer) for e, p in zip(exs, preds)]
+    return {
+        "steps_acc": sum(same) / len(same),
+        "steps_ok_final_wrong": sum(s and not o for s, o in zip(same, ok)),
     }
 
 
@@ -369,6 +396,11 @@ def main() -> None:
             f"  {s:12s} acc {r['acc']:.3f} (n {r['n']})  best rule {r['best_rule']:.3f}  [{bys}]  "
             f"right where every rule is wrong: {r['no_rule_acc']:.3f} of {r['no_rule_n']}"
         )
+        if "steps_acc" in r:
+            print(
+                f"  {'':12s} steps as the example's: {r['steps_acc']:.3f}; "
+                f"{r['steps_ok_final_wrong']} wrong answers after the right steps"
+            )
         if "reach" in r:
             q = r["reach"]
             parts = [

@@ -651,6 +651,48 @@ def test_method_tests_table():
             assert row[f"{metric} p"] == ("<0.001" if p < 0.0005 else f"{p:.3f}")
 
 
+def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
+    """calibrate.py's steps diagnostic on LEGO delta-trace examples: the written steps compared with the
+    example's own token for token (spacing aside), and a wrong answer after the right steps counted
+    apart; only for SFT-CoT, whose target is the whole chain."""
+    from types import SimpleNamespace
+
+    from stabray.tasks import get_task
+
+    calibrate = load_calibrate()
+    task = get_task("lego_cyclic", n_vars=5, named_states=True, trace="delta")
+    rng = np.random.RandomState(0)
+    exs = [task.sample(rng, 5) for _ in range(4)]
+    steps, final = exs[1].answer.rsplit("|", 1)
+    tokens = final.split()  # [f 2 l 0 m 2 o 3 z 4]
+    dropped = " " + " ".join(tokens[:2] + tokens[4:])  # [f 2 m 2 o 3 z 4]: one variable fewer
+    wrong_step = exs[2].answer.split(",", 1)
+    wrong_step = wrong_step[0][:-1] + ("0" if wrong_step[0][-1] != "0" else "1") + "," + wrong_step[1]
+    preds = [
+        exs[0].answer.replace(",", " ,"),  # right, spaced as the model writes it
+        steps + "|" + dropped,  # the right steps, one variable left out of the final list
+        wrong_step,  # a wrong first step, the final list right (it is exact, so it counts)
+        "no bar at all",
+    ]
+    ok = [task.is_correct(e, calibrate_final(p)) for e, p in zip(exs, preds)]
+    assert ok == [True, False, True, False]
+    assert steps_of_pred(wrong_step) != steps_of_pred(exs[2].answer)
+    run = SimpleNamespace(method=SimpleNamespace(name="sft_cot"))
+    rep = calibrate.steps_report(run, exs, preds, ok)
+    assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1}
+    assert calibrate.steps_report(SimpleNamespace(method=SimpleNamespace(name="alg1")), exs, preds, ok) == {}
+
+
+def steps_of_pred(pred: str) -> str:
+    return load_calibrate().steps_of(pred)
+
+
+def calibrate_final(pred: str) -> str:
+    from stabray.tasks.base import extract_final
+
+    return extract_final(pred)
+
+
 def tiny_calibration(epochs: int) -> list[str]:
     """calibrate.py --set options that shrink an L28 profile to a seconds-long run: 24 training
     graphs, 8 validation and 12 test per split, a 32-wide model, and a 200-position span (at stride 3
