@@ -658,6 +658,7 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
     from types import SimpleNamespace
 
     from stabray.tasks import get_task
+    from stabray.tasks.base import extract_final
 
     calibrate = load_calibrate()
     task = get_task("lego_cyclic", n_vars=5, named_states=True, trace="delta")
@@ -674,23 +675,13 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
         wrong_step,  # a wrong first step, the final list right (it is exact, so it counts)
         "no bar at all",
     ]
-    ok = [task.is_correct(e, calibrate_final(p)) for e, p in zip(exs, preds)]
+    ok = [task.is_correct(e, extract_final(p)) for e, p in zip(exs, preds)]
     assert ok == [True, False, True, False]
-    assert steps_of_pred(wrong_step) != steps_of_pred(exs[2].answer)
+    assert calibrate.steps_of(wrong_step) != calibrate.steps_of(exs[2].answer)
     run = SimpleNamespace(method=SimpleNamespace(name="sft_cot"))
     rep = calibrate.steps_report(run, exs, preds, ok)
     assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1}
     assert calibrate.steps_report(SimpleNamespace(method=SimpleNamespace(name="alg1")), exs, preds, ok) == {}
-
-
-def steps_of_pred(pred: str) -> str:
-    return load_calibrate().steps_of(pred)
-
-
-def calibrate_final(pred: str) -> str:
-    from stabray.tasks.base import extract_final
-
-    return extract_final(pred)
 
 
 def tiny_calibration(epochs: int) -> list[str]:
