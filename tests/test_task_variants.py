@@ -289,3 +289,44 @@ def test_lego_trace_must_be_known():
 
     with pytest.raises(UserError, match="trace must be one of state, delta, got 'deltas'"):
         get_task("lego_cyclic", n_vars=4, trace="deltas")
+
+
+@pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
+@pytest.mark.parametrize("named", [False, True])
+@pytest.mark.parametrize("trace", ["state", "delta"])
+def test_lego_answer_lists_the_chain_in_order_or_its_last_variable(name, named, trace):
+    """`answer: chain` lists every variable in the order the clauses resolve them and `answer: last`
+    the chain's last variable, both read back from the question by an independent resolver; the
+    question and the steps are the default's, and the root-constant rule follows the format."""
+    base = get_task(name, n_vars=5, named_states=named, trace=trace)
+    forms = {a: get_task(name, n_vars=5, named_states=named, trace=trace, answer=a) for a in ("chain", "last")}
+    hits = {a: 0 for a in forms}
+    differ = {a: 0 for a in forms}
+    for seed in range(20):
+        for k in (2, 3, 5):
+            ref = base.sample(np.random.RandomState(seed), k)
+            chain = resolve_lego(ref.question, name)
+            root = chain[0][1]
+            for a, task in forms.items():
+                ex = task.sample(np.random.RandomState(seed), k)
+                assert ex.question == ref.question and ex.steps == ref.steps
+                differ[a] += ex.final != ref.final
+                entries = chain if a == "chain" else chain[-1:]
+                expect = " ".join(f"{v} {x}" if named else x for v, x in entries)
+                assert normalize_answer(ex.final) == normalize_answer(f"[{expect}]")
+                rule = task.trivial_baselines()["every value = the root's constant"](ex)
+                expect_rule = " ".join(f"{v} {root}" if named else root for v, _ in entries)
+                assert normalize_answer(rule) == normalize_answer(f"[{expect_rule}]")
+                hits[a] += task.is_correct(ex, rule)
+    # the answer is not the default's (on most draws: unnamed values can read the same in either order)
+    assert min(differ.values()) > 40
+    # the last variable equals the root's constant more often than the whole chain does
+    assert hits["last"] > hits["chain"]
+    assert "answer" not in base.describe() and forms["chain"].describe()["answer"] == "chain"
+
+
+def test_lego_answer_must_be_known():
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match="answer must be one of state, chain, last, got 'sorted'"):
+        get_task("lego_cyclic", n_vars=4, answer="sorted")

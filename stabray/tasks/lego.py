@@ -68,9 +68,11 @@ class LegoParams:
     n_vars: int = 8  # variables in the chain (the paper: 8; length generalization: 9 and 10)
     named_states: bool = False  # write each state entry as "name value" ([f 3 i n]): a name per slot
     trace: str = "state"  # "state": the whole state vector per step; "delta": the variable resolved ("f 3")
+    answer: str = "state"  # "state": alphabetical; "chain": the same entries in chain order; "last": the last one
 
 
 TRACES = ("state", "delta")
+ANSWERS = ("state", "chain", "last")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,10 @@ class LegoTask(Task):
             raise UserError(f"task {self.name!r}: named_states must be true or false, got {self.params.named_states!r}")
         if self.params.trace not in TRACES:
             raise UserError(f"task {self.name!r}: trace must be one of {', '.join(TRACES)}, got {self.params.trace!r}")
+        if self.params.answer not in ANSWERS:
+            raise UserError(
+                f"task {self.name!r}: answer must be one of {', '.join(ANSWERS)}, got {self.params.answer!r}"
+            )
 
     def check_size(self, size: int, key: str | None = None) -> None:
         super().check_size(size, key)
@@ -136,13 +142,13 @@ class LegoTask(Task):
             states.append(self.fmt_state(names, [value_of[u] if u in known else UNKNOWN for u in names]))
         if self.params.trace == "delta":  # every resolution, in chain order; the final gathers them
             steps = tuple(f"{v} {value_of[v]}" for v in chain)
-        else:  # every state but the last, which is the final answer
+        else:  # every state but the last (the default final answer)
             steps = tuple(states[:-1])
         head = f"{self.name}:\nvars: [{' '.join(names)}], clauses: {'; '.join(shown)}\n"
         return Example(
             question=head + "trace | values:\n",
             steps=steps,
-            final=states[-1],
+            final=self.fmt_answer(chain, [value_of[v] for v in chain]),
             question_nohint=head + "values:\n",
             meta={"n": k, "chain": chain, "values": [value_of[v] for v in chain]},
         )
@@ -153,8 +159,19 @@ class LegoTask(Task):
             return "[" + " ".join(f"{u} {x}" for u, x in zip(names, values)) + "]"
         return "[" + " ".join(values) + "]"
 
+    def fmt_answer(self, chain: list[str], values: list[str]) -> str:
+        """The final answer for a chain and its values (both in chain order), as `answer` says."""
+        if self.params.answer == "last":
+            return self.fmt_state(chain[-1:], values[-1:])
+        if self.params.answer == "chain":
+            return self.fmt_state(chain, values)
+        order = sorted(range(len(chain)), key=chain.__getitem__)
+        return self.fmt_state([chain[i] for i in order], [values[i] for i in order])
+
     def describe(self) -> dict:
         d = super().describe()
+        if d.get("answer") == "state":
+            d.pop("answer", None)
         if not d.get("named_states"):  # the default format keeps its dataset cache keys
             d.pop("named_states", None)
         if d.get("trace") == "state":
@@ -164,7 +181,7 @@ class LegoTask(Task):
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
         def root_everywhere(ex: Example) -> str:
             # "every variable equals the constant given to the root"
-            return self.fmt_state(sorted(ex.meta["chain"]), [ex.meta["values"][0]] * ex.meta["n"])
+            return self.fmt_answer(ex.meta["chain"], [ex.meta["values"][0]] * ex.meta["n"])
 
         return {"every value = the root's constant": root_everywhere}
 
