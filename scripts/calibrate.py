@@ -1,7 +1,8 @@
 """One laptop-calibration trial without Ray: a profile of scripts/calibration_profiles.yaml (plus
 --set overrides), trained to the end with one torch thread, then exact-match accuracy on every
 evaluation split beside the task's trivial rules on the same examples, broken down by input size
-(and for SFT-CoT, how often the written steps are the example's, `steps_report`);
+(and for a method that writes the whole chain, how often the written steps are the example's,
+`steps_report`);
 one JSON line appended to --out (`scripts/calibration_table.py` turns the lines into the README's
 calibration table).
 
@@ -79,22 +80,17 @@ def split_report(run, split: str) -> dict:
     )
 
 
-def steps_of(text: str) -> str:
-    """The steps of an answer (the text before its last '|'), as tokens; "" when it has no '|'."""
-    from stabray.tasks.base import normalize_answer
-
-    return normalize_answer(text.rsplit("|", 1)[0]) if "|" in text else ""
-
-
 def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
-    """SFT-CoT only (its target is the example's whole chain): `steps_acc`, the fraction of answers
-    whose written steps are the example's steps token for token, and `steps_ok_final_wrong`, how many
-    of the wrong answers follow the chain right and then get the final answer wrong (e.g. a LEGO
-    delta trace that resolves every variable and then lists one too few). {} for other methods,
-    whose targets are not the whole chain."""
-    if run.method.name != "sft_cot":
+    """For a method whose evaluation chain is the whole chain (`writes_whole_chain`: SFT-CoT, ...):
+    `steps_acc`, the fraction of answers whose written steps are the example's token for token (the
+    trial's steps_<metric>), and `steps_ok_final_wrong`, how many of the wrong answers follow the chain
+    right and then get the final answer wrong (e.g. a LEGO delta trace that resolves every variable
+    and then lists one too few). {} for other methods."""
+    from stabray.evaluate.metrics import steps_match, writes_whole_chain
+
+    if not writes_whole_chain(run.method, exs):
         return {}
-    same = [steps_of(p) == steps_of(e.answer) for e, p in zip(exs, preds)]
+    same = steps_match(exs, preds)
     return {
         "steps_acc": sum(same) / len(same),
         "steps_ok_final_wrong": sum(s and not o for s, o in zip(same, ok)),

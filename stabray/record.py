@@ -140,6 +140,16 @@ METRICS: dict[str, Metric] = {
             runners=_TEXT,
         ),
         Metric(
+            "steps_test_acc",
+            "final",
+            "fraction of test answers whose written chain is the example's, token for token (methods that write "
+            "the whole chain at evaluation: SFT-CoT, QAT, Alg. 1 at lam = 1, ...); beside test_acc it tells a "
+            "wrong chain from a wrong final answer after a right chain",
+            runners=_TEXT,
+        ),
+        Metric("steps_test_long_acc", "final", "steps_test_acc's measure on the test_long examples", runners=_TEXT),
+        Metric("steps_test_longer_acc", "final", "steps_test_acc's measure on the test_longer examples", runners=_TEXT),
+        Metric(
             "test_loss_gap",
             "final",
             "test split: final-answer loss (nats/token) given the model's own chain minus given the method's gold "
@@ -238,9 +248,16 @@ SIZED_METRICS: dict[str, Metric] = {
             "accuracy of the best of the task's trivial rules on the same size-k test examples",
             runners=_TEXT,
         ),
+        Metric(
+            "steps_test_acc_n<k>",
+            "final",
+            "fraction of the size-k test answers whose written chain is the example's (steps_test_acc's measure)",
+            runners=_TEXT,
+        ),
     )
 }
-_SIZED_METRIC = re.compile(r"(trivial_)?test_acc_n(\d+)")
+_SIZED_METRIC = re.compile(r"(trivial_|steps_)?test_acc_n(\d+)")
+_SIZED_ORDER = {"": 0, "trivial_": 1, "steps_": 2}  # each accuracy, its floor, then its chain's
 
 
 def acc_metric(split: str) -> str:
@@ -253,6 +270,11 @@ def acc_metric(split: str) -> str:
 def trivial_metric(split: str) -> str:
     """The metric of the best trivial rule's accuracy on an evaluation split (trivial_test_acc_n5)."""
     return "trivial_" + acc_metric(split)
+
+
+def steps_metric(split: str) -> str:
+    """The metric of how often the written chain is the example's on an evaluation split (steps_test_acc_n5)."""
+    return "steps_" + acc_metric(split)
 
 
 def declared(name: str) -> Metric | None:
@@ -276,9 +298,10 @@ def describe_metric(name: str, runner: str = "text") -> str:
 
 
 def sized_metric_names(names) -> list[str]:
-    """The sized metrics among `names` (e.g. a trial's logged keys), by size, each accuracy before its floor."""
-    found = [n for n in names if _SIZED_METRIC.fullmatch(n)]
-    return sorted(set(found), key=lambda n: (int(_SIZED_METRIC.fullmatch(n).group(2)), n.startswith("trivial_")))
+    """The sized metrics among `names` (e.g. a trial's logged keys), by size, each accuracy before its
+    floor and its chain's (steps_)."""
+    found = filter(None, (_SIZED_METRIC.fullmatch(n) for n in set(names)))
+    return [m.group(0) for m in sorted(found, key=lambda m: (int(m.group(2)), _SIZED_ORDER[m.group(1) or ""]))]
 
 
 def is_metric(key: str) -> bool:

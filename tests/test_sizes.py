@@ -19,6 +19,7 @@ from stabray.record import (
     describe_metric,
     is_metric,
     logged_name,
+    steps_metric,
     trials_frame,
     trivial_metric,
 )
@@ -247,7 +248,9 @@ def test_metric_names_by_size():
     assert acc_metric("test") == "test_acc" and acc_metric("test_long") == "test_long_acc"
     assert acc_metric("test_n12") == "test_acc_n12" and trivial_metric("test_n5") == "trivial_test_acc_n5"
     assert trivial_metric("test_longer") == "trivial_test_longer_acc"
-    for name in ("test_acc_n5", "trivial_test_acc_n12", "trivial_test_acc", "trivial_test_long_acc", "trivial_val_acc"):
+    assert steps_metric("test") == "steps_test_acc" and steps_metric("test_n5") == "steps_test_acc_n5"
+    for name in ("test_acc_n5", "trivial_test_acc_n12", "trivial_test_acc", "trivial_test_long_acc", "trivial_val_acc",
+                 "steps_test_acc", "steps_test_acc_n5", "steps_test_long_acc"):  # fmt: skip
         assert is_metric(name) and logged_name(name) == name  # science metrics: no sys/ prefix
         assert describe_metric(name)
     assert "size 7" in describe_metric("test_acc_n7")
@@ -306,9 +309,15 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
     run.epoch()
     final = run.final()
     want = {"test_acc", "test_acc_n5", "test_acc_n6", "trivial_val_acc", "trivial_test_acc", "trivial_test_acc_n5",
-            "trivial_test_acc_n6"}  # fmt: skip
+            "trivial_test_acc_n6", "steps_test_acc", "steps_test_acc_n5", "steps_test_acc_n6"}  # fmt: skip
     assert set(final) >= want and "test_long_acc" not in final
     assert all(is_metric(k) for k in final)
+    # the chain's score against the written chains read back here (the text before the last '|', spacing aside)
+    for split in ("test", "test_n5", "test_n6"):
+        exs, preds = run.data[split], run.evaluate(split).predictions
+        same = [p.rsplit("|", 1)[0].split() == e.answer.rsplit("|", 1)[0].split() if "|" in p else False
+                for e, p in zip(exs, preds)]  # fmt: skip
+        assert final[steps_metric(split)] == pytest.approx(np.mean(same))
     assert {e.meta["n"] for e in run.data["test_n6"]} == {6} and {e.meta["n"] for e in run.data["test"]} <= {3, 4}
     # each floor against the two Dijkstra rules computed here from the graph alone, on the very examples evaluated
     by_rule = {
@@ -321,6 +330,33 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
             np.mean([normalize_answer(f(e)) == normalize_answer(e.final) for e in exs]) for f in by_rule.values()
         )
         assert final[trivial_metric(split)] == pytest.approx(best)
+
+
+def test_evaluate_split_scores_the_written_chain_apart_from_the_answer(tmp_path, cache_dir, monkeypatch):
+    """evaluate_split on chosen generations: a right answer, the right chain with a wrong final answer, a
+    chain with a step left out and the right final answer, the final answer alone. acc counts the
+    final answers, steps_acc the chains; a compressed method (Algorithm 1, lam 0.5) logs no steps_acc."""
+    import stabray.evaluate.metrics as metrics
+    from stabray.methods import get_method
+    from stabray.train import make_run
+
+    spec, _ = load_spec(str(write_spec(tmp_path)))
+    run = make_run({**spec.trial_base(), "cache_dir": cache_dir})
+    exs = [e for s in ("test", "test_n5", "test_n6") for e in run.data[s] if len(e.steps) >= 2][:4]
+    assert len(exs) == 4
+    texts = [
+        exs[0].answer,
+        exs[1].answer.rsplit("|", 1)[0] + "| " + exs[0].final,
+        exs[2].render_answer(exs[2].steps[1:]),
+        exs[3].final,
+    ]
+    assert exs[1].final != exs[0].final  # the second text has the wrong final answer
+    monkeypatch.setattr(metrics, "generate_per_input", lambda *a, **k: [list(run.encoder.ids(t)) for t in texts])
+    res = metrics.evaluate_split(run.model, run.encoder, run.task, exs, run.method)
+    assert res.acc == pytest.approx(3 / 4) and res.steps_acc == pytest.approx(2 / 4)
+    compressed = get_method("alg1", lam=0.5, strategy="equal")
+    res = metrics.evaluate_split(run.model, run.encoder, run.task, exs, compressed)
+    assert res.steps_acc is None
 
 
 def rule_text(ex, adjacent: bool) -> str:
@@ -654,11 +690,14 @@ def test_method_tests_table():
 def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
     """calibrate.py's steps diagnostic on LEGO delta-trace examples: the written steps compared with the
     example's own token for token (spacing aside), and a wrong answer after the right steps counted
-    apart; only for SFT-CoT, whose target is the whole chain."""
+    apart; only for a method whose evaluation chain is the whole chain (SFT-CoT, Algorithm 1 at lam = 1),
+    not a compressed one (lam = 0.5) or No CoT. The trial's steps_<metric> is the same measure."""
     from types import SimpleNamespace
 
+    from stabray.evaluate.metrics import writes_whole_chain
+    from stabray.methods import get_method
     from stabray.tasks import get_task
-    from stabray.tasks.base import extract_final
+    from stabray.tasks.base import extract_final, extract_steps
 
     calibrate = load_calibrate()
     task = get_task("lego_cyclic", n_vars=5, named_states=True, trace="delta")
@@ -677,11 +716,15 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
     ]
     ok = [task.is_correct(e, extract_final(p)) for e, p in zip(exs, preds)]
     assert ok == [True, False, True, False]
-    assert calibrate.steps_of(wrong_step) != calibrate.steps_of(exs[2].answer)
-    run = SimpleNamespace(method=SimpleNamespace(name="sft_cot"))
-    rep = calibrate.steps_report(run, exs, preds, ok)
-    assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1}
-    assert calibrate.steps_report(SimpleNamespace(method=SimpleNamespace(name="alg1")), exs, preds, ok) == {}
+    assert extract_steps(wrong_step) != extract_steps(exs[2].answer) != ""
+    assert extract_steps("no bar at all") is None and extract_steps("| [f 2]") == ""
+    for name, params in (("sft_cot", {}), ("alg1", {"lam": 1.0})):
+        rep = calibrate.steps_report(SimpleNamespace(method=get_method(name, **params)), exs, preds, ok)
+        assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1}
+    for name, params in (("alg1", {"lam": 0.5, "strategy": "equal"}), ("no_cot", {})):
+        method = get_method(name, **params)
+        assert not writes_whole_chain(method, exs)
+        assert calibrate.steps_report(SimpleNamespace(method=method), exs, preds, ok) == {}
 
 
 def tiny_calibration(epochs: int) -> list[str]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from stabray.data.encode import IGNORE, Encoder
 from stabray.evaluate.generate import generate_per_input
 from stabray.models.positions import by_input_stride
-from stabray.tasks.base import END, FINAL_SEP, Example, Task, extract_final
+from stabray.tasks.base import END, FINAL_SEP, Example, Task, extract_final, extract_steps
 
 
 @dataclass
@@ -21,6 +21,22 @@ class EvalResult:
     n: int
     predictions: list[str] = field(default_factory=list)  # generated answer texts
     loss_gap: float | None = None  # mean over examples, nats per final-answer token
+    # fraction of answers whose written chain is the example's, token for token; None when the
+    # method's evaluation chain is not the whole chain (`writes_whole_chain`)
+    steps_acc: float | None = None
+
+
+def writes_whole_chain(method, examples: list[Example]) -> bool:
+    """Whether the method's evaluation chain (`Method.eval_steps`) is each example's whole chain
+    (SFT-CoT, QAT, Algorithm 1 at lam = 1, ...) and some example has steps: then the written chain
+    can be held against every step. A compressed chain (Algorithm 1 at lam < 1) or a latent one
+    (Coconut) has no whole written target, and No CoT writes none."""
+    return any(ex.steps for ex in examples) and all(method.eval_steps(ex) == tuple(ex.steps) for ex in examples)
+
+
+def steps_match(examples: list[Example], texts: list[str]) -> list[bool]:
+    """Per example, whether the generated chain (the text before the last '|') is the example's."""
+    return [extract_steps(t) == extract_steps(ex.answer) for ex, t in zip(examples, texts)]
 
 
 def _find_last(seq: list[int], sub: tuple[int, ...]) -> int:
@@ -92,6 +108,8 @@ def evaluate_split(
     texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
     correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
     res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
+    if examples and writes_whole_chain(method, examples):
+        res.steps_acc = float(np.mean(steps_match(examples, texts)))
     if loss_gap:
         sep = encoder.ids(FINAL_SEP.strip())
         gold, own = [], []

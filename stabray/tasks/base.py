@@ -76,6 +76,12 @@ def extract_final(generated: str) -> str:
     return text.strip()
 
 
+def extract_steps(generated: str) -> str | None:
+    """The chain of a generated answer, normalized (`normalize_answer`): the text before the last '|'
+    ("" for "| final", an empty chain); None when there is no '|' (no chain written)."""
+    return normalize_answer(generated.rsplit("|", 1)[0]) if "|" in generated else None
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 

@@ -22,7 +22,7 @@ from stabray.evaluate.metrics import evaluate_split
 from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
 from stabray.models.positions import set_length_ratio
-from stabray.record import acc_metric, trivial_metric
+from stabray.record import acc_metric, steps_metric, trivial_metric
 from stabray.tasks import get_task
 from stabray.train.loop import Trainer, pick_device
 from stabray.train.runner import (
@@ -238,7 +238,8 @@ class TrialRun(Runner):
 
     def final(self) -> dict[str, float]:
         """Test and length-generalization accuracy (test_acc, test_long_acc or test_acc_n<k>), each
-        with the best trivial rule's accuracy on the same examples beside it (trivial_<metric>),
+        with the best trivial rule's accuracy on the same examples beside it (trivial_<metric>) and,
+        for a method that writes the whole chain, how often the chain is right (steps_<metric>);
         loss gap and EAF on the test split."""
         ev = self.cfg.eval
         # No CoT: both prefixes of the loss gap are the prompt, so it is 0 by construction: not logged
@@ -246,8 +247,13 @@ class TrialRun(Runner):
         out: dict[str, float] = {"test_acc": t.acc}
         if t.loss_gap is not None:
             out["test_loss_gap"] = t.loss_gap
+        if t.steps_acc is not None:
+            out[steps_metric("test")] = t.steps_acc
         for s in self.long_splits:
-            out[acc_metric(s)] = self.evaluate(s).acc
+            r = self.evaluate(s)
+            out[acc_metric(s)] = r.acc
+            if r.steps_acc is not None:
+                out[steps_metric(s)] = r.steps_acc
         out.update(self.trivial_accuracy())
         e = self.eaf("test")
         if e is not None:
