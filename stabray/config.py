@@ -323,7 +323,8 @@ def known_keys(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
 
 def validation_problem(e: ValidationError) -> tuple[str, str]:
     """(dotted path of the first error, e.g. "search.space.lr"; what is wrong there). An unknown key
-    gets the closest allowed keys at its place ("unknown key; did you mean epochs?")."""
+    gets the closest allowed keys at its place ("unknown key; did you mean epochs?"), or all of them
+    when none is close ("unknown key; the keys here are task, model, ...")."""
     errs = e.errors()
     first = errs[0]
     msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
@@ -333,6 +334,8 @@ def validation_problem(e: ValidationError) -> tuple[str, str]:
         close = difflib.get_close_matches(str(first["loc"][-1]), allowed, n=2, cutoff=0.6)
         if close:
             msg += f"; did you mean {' or '.join(close)}?"
+        elif allowed:
+            msg += f"; the keys here are {', '.join(allowed)}"
     msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
     return ".".join(str(p) for p in first["loc"]), msg + more

@@ -77,6 +77,7 @@ CASES = [
     ("spec_not_yaml", ["sweep", "s.yaml"], {"s.yaml": "name: x\ntask: {name: dijkstra\n"}, ["s.yaml", "not valid YAML"]),
     ("spec_is_list", ["sweep", "s.yaml"], {"s.yaml": "- a\n- b\n"}, ["s.yaml", "a mapping of keys"]),
     ("spec_unknown_key", ["sweep", "s.yaml"], {"s.yaml": spec(trian={"epochs": 1})}, ["s.yaml", "trian: unknown key; did you mean train?"]),
+    ("spec_unknown_key_far", ["sweep", "s.yaml"], {"s.yaml": spec(train={"epochs": 1, "steps": 2})}, ["s.yaml", "train.steps: unknown key; the keys here are batch_size, epochs,", "weight_decay"]),
     ("spec_unknown_task", ["sweep", "s.yaml"], {"s.yaml": spec(task={"name": "dijkstar"})}, ["task.name", "dijkstar"]),
     ("include_missing", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": "nope.yaml"}}, ["include", "nope.yaml"]),
     ("include_by_spec_name", ["sweep", "s.yaml"], {"s.yaml": {**spec(), "include": "dijkstra"}}, ["include", "file not found: dijkstra (an include is a path relative to this file; the shipped spec 'dijkstra' is", "sweeps/dijkstra.yaml)"]),
