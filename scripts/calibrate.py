@@ -33,11 +33,6 @@ def graded(run, split: str) -> tuple[list, list[str], list[bool]]:
     return exs, preds, [run.task.is_correct(e, extract_final(p)) for e, p in zip(exs, preds)]
 
 
-def split_accuracy(run, split: str) -> float:
-    ok = graded(run, split)[2]
-    return sum(ok) / len(ok)
-
-
 def split_report(run, split: str) -> dict:
     exs, preds, ok = graded(run, split)
     rules = run.task.baseline_accuracy(exs)
@@ -242,7 +237,8 @@ def main() -> None:
         default=0,
         metavar="N",
         help="every N epochs and after the last, also score the test split and every longer split (a "
-        "learning curve per size in each epoch's `track`; it reads the model and does not change the training)",
+        "learning curve per size in each epoch's `track`, and the written chain's in `track_steps` for a method "
+        "that writes the whole chain; it reads the model and does not change the training)",
     )
     ap.add_argument(
         "--eval-strides",
@@ -301,8 +297,14 @@ def main() -> None:
             flush=True,
         )
         if args.track_every and (m["epoch"] % args.track_every == 0 or run.done):
-            epochs[-1]["track"] = {s: round(split_accuracy(run, s), 4) for s in ("test", *run.long_splits)}
-            print("    track: " + " ".join(f"{s} {a:.3f}" for s, a in epochs[-1]["track"].items()), flush=True)
+            res = {s: run.evaluate(s) for s in ("test", *run.long_splits)}
+            epochs[-1]["track"] = {s: round(r.acc, 4) for s, r in res.items()}
+            line = " ".join(f"{s} {a:.3f}" for s, a in epochs[-1]["track"].items())
+            steps = {s: round(r.steps_acc, 4) for s, r in res.items() if r.steps_acc is not None}
+            if steps:  # the written chain's learning curve beside the answer's (steps_<metric>)
+                epochs[-1]["track_steps"] = steps
+                line += "  steps: " + " ".join(f"{s} {a:.3f}" for s, a in steps.items())
+            print("    track: " + line, flush=True)
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
     strides = {}
     if args.eval_strides:

@@ -772,13 +772,17 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
     assert plain["machine"]["kernels"].startswith(f"cpu {torch.backends.cpu.get_cpu_capability()}, ")
     assert plain["machine"]["kernels"].endswith(", 1 thread")
     strip = [
-        {k: v for k, v in e.items() if k not in ("track",) and not k.endswith(("time_s", "_per_s"))}
+        {k: v for k, v in e.items() if k not in ("track", "track_steps") and not k.endswith(("time_s", "_per_s"))}
         for e in tracked["epochs"]
     ]
     assert strip == [{k: v for k, v in e.items() if not k.endswith(("time_s", "_per_s"))} for e in plain["epochs"]]
     assert set(tracked["epochs"][-1]["track"]) == {"test", "test_n5", "test_n6"} == set(tracked["final"])
     for s, acc in tracked["epochs"][-1]["track"].items():
         assert acc == round(tracked["final"][s]["acc"], 4) == round(plain["final"][s]["acc"], 4)
+    # SFT-CoT writes the whole chain: the chain's curve ends at the final evaluation's steps_acc
+    assert set(tracked["epochs"][-1]["track_steps"]) == set(tracked["final"])
+    for s, acc in tracked["epochs"][-1]["track_steps"].items():
+        assert acc == round(tracked["final"][s]["steps_acc"], 4)
     bad = subprocess.run([*cmd, "--track-every", "-1"], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "--track-every must be >= 0" in bad.stderr
 
