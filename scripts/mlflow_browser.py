@@ -4,7 +4,8 @@ load pages, save the rendered DOM and screenshots.
     python scripts/mlflow_browser.py --tracking-uri sqlite:////abs/mlflow.db --out shots/
     python scripts/mlflow_browser.py --tracking-uri ... --experiment dijkstra --out shots/
 
-It writes, for the experiment's runs table and its parent (sweep) run: `<page>.png` (screenshot)
+It writes, for the experiment's runs table, its parent (sweep) run and the trial run with the best
+test_acc (`runs`, `parent_run`, `trial_run`): `<page>.png` (screenshot)
 and `<page>.html` (the DOM after the page's scripts ran). Needs Debian's `chromium` package
 (`bash scripts/install_browser.sh`); the default test suite does not.
 """
@@ -120,9 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             [exp.experiment_id], "tags.`stabray.role` = 'sweep'", order_by=["start_time DESC"], max_results=1
         )
         pages = {"runs": links[name]}
+        run_page = f"{ui.url}/#/experiments/{exp.experiment_id}/runs/{{}}?workflowType=machine_learning"
         if parents:
-            run = parents[0].info.run_id
-            pages["parent_run"] = f"{ui.url}/#/experiments/{exp.experiment_id}/runs/{run}?workflowType=machine_learning"
+            pages["parent_run"] = run_page.format(parents[0].info.run_id)
+        trials = client.search_runs(  # the trial with the best test accuracy: its params and final metrics
+            [exp.experiment_id], "tags.`stabray.role` = 'trial'", order_by=["metrics.test_acc DESC"], max_results=1
+        )
+        if trials:
+            pages["trial_run"] = run_page.format(trials[0].info.run_id)
         for page, url in pages.items():
             dom = render(url, screenshot=out / f"{page}.png")
             (out / f"{page}.html").write_text(dom)
