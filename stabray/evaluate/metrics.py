@@ -108,7 +108,7 @@ def evaluate_split(
     texts = [tok.decode(g, skip_special_tokens=True) for g in gen]
     correct = [task.is_correct(ex, extract_final(t)) for ex, t in zip(examples, texts)]
     res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
-    if examples and writes_whole_chain(method, examples):
+    if writes_whole_chain(method, examples):
         res.steps_acc = float(np.mean(steps_match(examples, texts)))
     if loss_gap:
         sep = encoder.ids(FINAL_SEP.strip())
