@@ -112,7 +112,11 @@ def test_spec_errors_exit_2_naming_field_and_file(tmp_path, capsys, over, field)
             "search.space.lr.loguniformm: unknown key; did you mean loguniform or uniform?",
         ),
         ({"eval": {"long_split": ["test_long"]}}, "eval.long_split: unknown key; did you mean long_splits?"),
-        ({"train": {"zzz": 3}}, "train.zzz: unknown key\n"),  # nothing close: no guess
+        (  # nothing close: no guess, the keys allowed there instead
+            {"train": {"zzz": 3}},
+            "train.zzz: unknown key; the keys here are batch_size, epochs, grad_clip, group_by_length, lr, "
+            "max_steps_per_epoch, schedule, threads, warmup_steps, weight_decay\n",
+        ),
     ],
 )
 def test_unknown_key_names_the_closest_allowed_key(tmp_path, capsys, over, message):
