@@ -60,6 +60,13 @@ METRICS: dict[str, Metric] = {
             "the gradient-descent iterate theta_T",
         ),
         Metric(
+            "steps_val_acc",
+            "epoch",
+            "fraction of the validation answers scored for val_acc whose written chain is the example's "
+            "(steps_test_acc's measure), every epoch: the chain's learning curve beside the answer's",
+            runners=_TEXT,
+        ),
+        Metric(
             "val_eaf",
             "epoch",
             "error amplification factor sum_{i<T} rho_i^(T) at T = T_max on the first eval.eaf_examples validation "

@@ -306,7 +306,7 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
     spec, _ = load_spec(str(write_spec(tmp_path)))
     cfg = {**spec.trial_base(), "cache_dir": cache_dir}
     run = make_run(cfg)
-    run.epoch()
+    epoch = run.epoch()
     final = run.final()
     want = {"test_acc", "test_acc_n5", "test_acc_n6", "trivial_val_acc", "trivial_test_acc", "trivial_test_acc_n5",
             "trivial_test_acc_n6", "steps_test_acc", "steps_test_acc_n5", "steps_test_acc_n6"}  # fmt: skip
@@ -318,6 +318,13 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
         same = [p.rsplit("|", 1)[0].split() == e.answer.rsplit("|", 1)[0].split() if "|" in p else False
                 for e, p in zip(exs, preds)]  # fmt: skip
         assert final[steps_metric(split)] == pytest.approx(np.mean(same))
+    # and every epoch on the validation examples scored for val_acc (the chain's learning curve)
+    n_val = run.cfg.eval.val_examples
+    exs, preds = run.data["val"][: n_val or None], run.evaluate("val", n_val).predictions
+    same = [p.rsplit("|", 1)[0].split() == e.answer.rsplit("|", 1)[0].split() if "|" in p else False
+            for e, p in zip(exs, preds)]  # fmt: skip
+    assert len(preds) == len(exs) and is_metric("steps_val_acc")
+    assert epoch["steps_val_acc"] == pytest.approx(np.mean(same))
     assert {e.meta["n"] for e in run.data["test_n6"]} == {6} and {e.meta["n"] for e in run.data["test"]} <= {3, 4}
     # each floor against the two Dijkstra rules computed here from the graph alone, on the very examples evaluated
     by_rule = {

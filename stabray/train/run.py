@@ -222,10 +222,14 @@ class TrialRun(Runner):
         return float(res.eaf)
 
     def epoch(self) -> dict[str, float]:
-        """Train one epoch, then validate: train_loss, val_acc, eaf, times."""
+        """Train one epoch, then validate: train_loss, val_acc (and steps_val_acc for a method that
+        writes the whole chain), eaf, times."""
         m = self.trainer.train_epoch()
         t0 = time.perf_counter()
-        m["val_acc"] = self.evaluate("val", self.cfg.eval.val_examples).acc
+        v = self.evaluate("val", self.cfg.eval.val_examples)
+        m["val_acc"] = v.acc
+        if v.steps_acc is not None:  # the written chain's learning curve beside the answer's
+            m[steps_metric("val")] = v.steps_acc
         m["val_time_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         e = self.eaf("val") if self.eaf_due else None

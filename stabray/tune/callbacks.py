@@ -21,7 +21,7 @@ from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, TAG_CHARS, numeric_metrics
 from stabray.tune.eaf_stop import STOPPER_WORDS
 
-CURVES = ("train_loss", "val_acc", "val_eaf")  # per-epoch metrics in each trial's plots/curves.png
+CURVES = ("train_loss", "val_acc", "steps_val_acc", "val_eaf")  # per-epoch panels in plots/curves.png, if logged
 KERNEL_HISTORY = "stabray.kernels_history"  # tag: "<epoch>: <torch>, <path>; ..." once a restore changed the path
 
 
