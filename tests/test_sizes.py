@@ -501,12 +501,13 @@ def test_calibration_profiles_build():
         ("dijkstra_lengthgen", "L32_lab12_mix34w13_randpos512_s3_e160_h128_l3", None, [0, 1, 2]),
         ("dijkstra_lengthgen_mix35", "L37_lab12_mix35w113_randpos512_s3_e160_h128_l3", [2, 3, 4], [0, 1, 2, 3]),
         ("lego_cyclic_lengthgen", "l81_cyc_mix24w113_delta_randpos192_h128_l3_e160", None, [0, 1, 2]),
+        ("lego_cyclic_lengthgen_mix25", "l86_cyc_mix25w1113_delta_randpos192_h128_l3_e160_lr1e3", None, [0, 1, 2, 3]),
     ],
 )
 def test_lengthgen_sweep_trains_what_its_calibration_profile_trained(sweep_name, profile, eval_stride, seeds):
     """sweeps/dijkstra_lengthgen.yaml is profile L32 as a sweep, dijkstra_lengthgen_mix35.yaml is L37
     evaluated at the per-input stride (calibrate.py --eval-strides 2,3,4 scored the same models so),
-    lego_cyclic_lengthgen.yaml is l81:
+    lego_cyclic_lengthgen.yaml is l81 and lego_cyclic_lengthgen_mix25.yaml l86:
     the same examples (task and its cache key, split sizes), model, method and training; only what is
     measured differs (the EAF and the end-of-trial analyses are on in the sweep, off in calibration)."""
     import yaml
