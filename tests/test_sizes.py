@@ -312,19 +312,20 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
             "trivial_test_acc_n6", "steps_test_acc", "steps_test_acc_n5", "steps_test_acc_n6"}  # fmt: skip
     assert set(final) >= want and "test_long_acc" not in final
     assert all(is_metric(k) for k in final)
+
     # the chain's score against the written chains read back here (the text before the last '|', spacing aside)
+    def written_right(exs, preds):
+        return np.mean([p.rsplit("|", 1)[0].split() == e.answer.rsplit("|", 1)[0].split() if "|" in p else False
+                        for e, p in zip(exs, preds)])  # fmt: skip
+
     for split in ("test", "test_n5", "test_n6"):
         exs, preds = run.data[split], run.evaluate(split).predictions
-        same = [p.rsplit("|", 1)[0].split() == e.answer.rsplit("|", 1)[0].split() if "|" in p else False
-                for e, p in zip(exs, preds)]  # fmt: skip
-        assert final[steps_metric(split)] == pytest.approx(np.mean(same))
+        assert final[steps_metric(split)] == pytest.approx(written_right(exs, preds))
     # and every epoch on the validation examples scored for val_acc (the chain's learning curve)
     n_val = run.cfg.eval.val_examples
     exs, preds = run.data["val"][: n_val or None], run.evaluate("val", n_val).predictions
-    same = [p.rsplit("|", 1)[0].split() == e.answer.rsplit("|", 1)[0].split() if "|" in p else False
-            for e, p in zip(exs, preds)]  # fmt: skip
     assert len(preds) == len(exs) and is_metric("steps_val_acc")
-    assert epoch["steps_val_acc"] == pytest.approx(np.mean(same))
+    assert epoch["steps_val_acc"] == pytest.approx(written_right(exs, preds))
     assert {e.meta["n"] for e in run.data["test_n6"]} == {6} and {e.meta["n"] for e in run.data["test"]} <= {3, 4}
     # each floor against the two Dijkstra rules computed here from the graph alone, on the very examples evaluated
     by_rule = {
