@@ -1,9 +1,8 @@
 """One laptop-calibration trial without Ray: a profile of scripts/calibration_profiles.yaml (plus
 --set overrides), trained to the end with one torch thread, then exact-match accuracy on every
 evaluation split beside the task's trivial rules on the same examples, broken down by input size
-(and for a method that writes the whole chain, how often the written steps are the example's,
-`steps_report`);
-one JSON line appended to --out (`scripts/calibration_table.py` turns the lines into the README's
+(and for a method that writes the whole chain, how often the written steps are the example's and
+at which token of a step a wrong chain first goes off, `steps_report`); one JSON line appended to --out (`scripts/calibration_table.py` turns the lines into the README's
 calibration table).
 
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --seed 1
@@ -78,18 +77,48 @@ def split_report(run, split: str) -> dict:
 def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
     """For a method whose evaluation chain is the whole chain (`writes_whole_chain`: SFT-CoT, ...):
     `steps_acc`, the fraction of answers whose written steps are the example's token for token (the
-    trial's steps_<metric>), and `steps_ok_final_wrong`, how many of the wrong answers follow the chain
+    trial's steps_<metric>), `steps_ok_final_wrong`, how many of the wrong answers follow the chain
     right and then get the final answer wrong (e.g. a LEGO delta trace that resolves every variable
-    and then lists one too few). {} for other methods."""
+    and then lists one too few), and `first_departure`: over the written chains that are not the
+    example's, how many first depart from it at each token of a step (`first_departure_token`; for a
+    LEGO delta step `f 3`, "0" is a wrong variable, "1" a wrong value, "2" a chain that stops or goes
+    on where it should not). {} for other methods."""
     from stabray.evaluate.metrics import steps_match, writes_whole_chain
 
     if not writes_whole_chain(run.method, exs):
         return {}
     same = steps_match(exs, preds)
+    where = [first_departure_token(e.steps, p) for e, p, s in zip(exs, preds, same) if not s]
     return {
         "steps_acc": sum(same) / len(same),
         "steps_ok_final_wrong": sum(s and not o for s, o in zip(same, ok)),
+        "first_departure": {str(i): where.count(i) for i in sorted({w for w in where if w is not None})},
     }
+
+
+def first_departure_token(steps, text: str) -> int | None:
+    """Where a written chain first departs from the example's `steps`, as the index of that token
+    within its step (normalized tokens, `normalize_answer`); the step separator after a step of m
+    tokens, and the end of the chain, count as token m. None when the chain is the example's or none
+    was written (no '|')."""
+    from stabray.tasks.base import STEP_SEP, extract_steps, normalize_answer
+
+    written = extract_steps(text)
+    if written is None:
+        return None
+    gold, at = [], []  # the example's chain token by token, and each token's index within its step
+    for j, step in enumerate(steps):
+        toks = normalize_answer(step).split()
+        tail = normalize_answer(STEP_SEP).split() if j < len(steps) - 1 else []
+        gold += toks + tail
+        at += list(range(len(toks))) + [len(toks)] * len(tail)
+    have = written.split()
+    for k, tok in enumerate(gold):
+        if k >= len(have) or have[k] != tok:
+            return at[k]
+    if len(have) > len(gold):
+        return len(normalize_answer(steps[-1]).split()) if steps else 0
+    return None
 
 
 def token_count(run, text: str) -> int:
@@ -398,6 +427,12 @@ def main() -> None:
             print(
                 f"  {'':12s} steps as the example's: {r['steps_acc']:.3f}; "
                 f"{r['steps_ok_final_wrong']} wrong answers after the right steps"
+                + (
+                    "; the chain first off at a step's token "
+                    + ", ".join(f"{i}: {n}" for i, n in r["first_departure"].items())
+                    if r.get("first_departure")
+                    else ""
+                )
             )
         if "reach" in r:
             q = r["reach"]

@@ -729,11 +729,30 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
     assert extract_steps("no bar at all") is None and extract_steps("| [f 2]") == ""
     for name, params in (("sft_cot", {}), ("alg1", {"lam": 1.0})):
         rep = calibrate.steps_report(SimpleNamespace(method=get_method(name, **params)), exs, preds, ok)
-        assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1}
+        assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1, "first_departure": {"1": 1}}  # a wrong value
     for name, params in (("alg1", {"lam": 0.5, "strategy": "equal"}), ("no_cot", {})):
         method = get_method(name, **params)
         assert not writes_whole_chain(method, exs)
         assert calibrate.steps_report(SimpleNamespace(method=method), exs, preds, ok) == {}
+
+
+def test_first_departure_names_the_token_of_the_step_where_the_chain_goes_wrong():
+    """calibrate.first_departure_token on hand-written LEGO delta chains (steps `name value`): a wrong
+    name is token 0, a wrong value token 1, a chain that stops early or goes on is token 2 (the
+    separator or the end after a 2-token step); the example's own chain, however spaced, is None."""
+    calibrate = load_calibrate()
+    steps = ("f 3", "k 0", "b 5")
+    first = calibrate.first_departure_token
+    assert first(steps, "f 3, k 0, b 5 | [b 5 f 3 k 0]") is None
+    assert first(steps, "f 3 , k 0 ,b 5|[x]") is None  # spacing is not content
+    assert first(steps, "f 3, b 0, k 5 | [b 0 f 3 k 5]") == 0  # the wrong variable second
+    assert first(steps, "f 3, k 1, b 5 | [b 5 f 3 k 1]") == 1  # the right variable, a wrong value
+    assert first(steps, "f 3, k 0 | [f 3 k 0]") == 2  # stops one step early
+    assert first(steps, "f 3, k 0, b 5, q 2 | [b 5 f 3 k 0 q 2]") == 2  # one step too many
+    assert first(steps, "g 3, k 0, b 5 | [b 5 g 3 k 0]") == 0
+    assert first(steps, "| [b 5 f 3 k 0]") == 0  # an empty chain departs at the first token
+    assert first(steps, "no bar at all") is None  # no chain written: not a departure
+    assert first(("d 4 7 9",), "d 4 8 9 | x") == 2  # a longer step: the third token
 
 
 def tiny_calibration(epochs: int) -> list[str]:
