@@ -2,8 +2,8 @@
 --set overrides), trained to the end with one torch thread, then exact-match accuracy on every
 evaluation split beside the task's trivial rules on the same examples, broken down by input size
 (and for a method that writes the whole chain, how often the written steps are the example's and
-at which token of a step a wrong chain first goes off, `steps_report`); one JSON line appended to --out (`scripts/calibration_table.py` turns the lines into the README's
-calibration table).
+at which token of a step a wrong chain first goes off, `steps_report`); one JSON line appended to
+--out (`scripts/calibration_table.py` turns the lines into the README's calibration table).
 
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --seed 1
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --set train.epochs=20 --label d17_e20
@@ -88,12 +88,18 @@ def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
     if not writes_whole_chain(run.method, exs):
         return {}
     same = steps_match(exs, preds)
-    where = [first_departure_token(e.steps, p) for e, p, s in zip(exs, preds, same) if not s]
     return {
         "steps_acc": sum(same) / len(same),
         "steps_ok_final_wrong": sum(s and not o for s, o in zip(same, ok)),
-        "first_departure": {str(i): where.count(i) for i in sorted({w for w in where if w is not None})},
+        "first_departure": departures(exs, preds),
     }
+
+
+def departures(exs: list, preds: list[str]) -> dict[str, int]:
+    """Over the written chains that are not the example's: how many first depart from it at each token
+    of a step ({"0": 12, "1": 40}; `first_departure_token`)."""
+    where = [first_departure_token(e.steps, p) for e, p in zip(exs, preds)]
+    return {str(i): where.count(i) for i in sorted({w for w in where if w is not None})}
 
 
 def first_departure_token(steps, text: str) -> int | None:
@@ -266,8 +272,9 @@ def main() -> None:
         default=0,
         metavar="N",
         help="every N epochs and after the last, also score the test split and every longer split (a "
-        "learning curve per size in each epoch's `track`, and the written chain's in `track_steps` for a method "
-        "that writes the whole chain; it reads the model and does not change the training)",
+        "learning curve per size in each epoch's `track`, and for a method that writes the whole chain the written "
+        "chain's in `track_steps` and where its wrong chains first go off in `track_departure`; it reads the "
+        "model and does not change the training)",
     )
     ap.add_argument(
         "--eval-strides",
@@ -333,6 +340,11 @@ def main() -> None:
             if steps:  # the written chain's learning curve beside the answer's (steps_<metric>)
                 epochs[-1]["track_steps"] = steps
                 line += "  steps: " + " ".join(f"{s} {a:.3f}" for s, a in steps.items())
+                dep = {s: departures(run.data[s], r.predictions) for s, r in res.items() if s in steps}
+                epochs[-1]["track_departure"] = dep  # where the wrong chains first go off, as it learns
+                line += "  first off at token: " + " ".join(
+                    f"{s} " + "/".join(f"{i}:{n}" for i, n in d.items()) for s, d in dep.items() if d
+                )
             print("    track: " + line, flush=True)
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
     strides = {}

@@ -800,7 +800,11 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
     assert plain["machine"]["kernels"].startswith(f"cpu {torch.backends.cpu.get_cpu_capability()}, ")
     assert plain["machine"]["kernels"].endswith(", 1 thread")
     strip = [
-        {k: v for k, v in e.items() if k not in ("track", "track_steps") and not k.endswith(("time_s", "_per_s"))}
+        {
+            k: v
+            for k, v in e.items()
+            if k not in ("track", "track_steps", "track_departure") and not k.endswith(("time_s", "_per_s"))
+        }
         for e in tracked["epochs"]
     ]
     assert strip == [{k: v for k, v in e.items() if not k.endswith(("time_s", "_per_s"))} for e in plain["epochs"]]
@@ -811,6 +815,10 @@ def test_calibrate_track_every_reads_the_model_and_does_not_change_the_training(
     assert set(tracked["epochs"][-1]["track_steps"]) == set(tracked["final"])
     for s, acc in tracked["epochs"][-1]["track_steps"].items():
         assert acc == round(tracked["final"][s]["steps_acc"], 4)
+        # and where its wrong chains go off, the final evaluation's count, one per wrong written chain
+        dep = tracked["epochs"][-1]["track_departure"][s]
+        assert dep == tracked["final"][s]["first_departure"]
+        assert sum(dep.values()) <= round((1 - acc) * tracked["final"][s]["n"])
     bad = subprocess.run([*cmd, "--track-every", "-1"], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "--track-every must be >= 0" in bad.stderr
 
