@@ -729,7 +729,8 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
     assert extract_steps("no bar at all") is None and extract_steps("| [f 2]") == ""
     for name, params in (("sft_cot", {}), ("alg1", {"lam": 1.0})):
         rep = calibrate.steps_report(SimpleNamespace(method=get_method(name, **params)), exs, preds, ok)
-        assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1, "first_departure": {"1": 1}}  # a wrong value
+        # a wrong value, and a text with no chain in it (departs at its first token)
+        assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1, "first_departure": {"0": 1, "1": 1}}
     for name, params in (("alg1", {"lam": 0.5, "strategy": "equal"}), ("no_cot", {})):
         method = get_method(name, **params)
         assert not writes_whole_chain(method, exs)
@@ -751,8 +752,52 @@ def test_first_departure_names_the_token_of_the_step_where_the_chain_goes_wrong(
     assert first(steps, "f 3, k 0, b 5, q 2 | [b 5 f 3 k 0 q 2]") == 2  # one step too many
     assert first(steps, "g 3, k 0, b 5 | [b 5 g 3 k 0]") == 0
     assert first(steps, "| [b 5 f 3 k 0]") == 0  # an empty chain departs at the first token
-    assert first(steps, "no bar at all") is None  # no chain written: not a departure
+    # no '|': a chain that never ended, compared whole (a model past its trained sizes writes these)
+    assert first(steps, "f 3 , k 0 , q 4 , ]") == 0
+    assert first(steps, "f 3, k 2") == 1
+    assert first(steps, "f 3, k 0, b 5") == 2  # the whole chain, and no end: departs at the end
+    assert first(steps, "f 3, k 0, b 5 [b 5 f 3 k 0]") == 2
+    assert first(steps, "") == 0
     assert first(("d 4 7 9",), "d 4 8 9 | x") == 2  # a longer step: the third token
+
+
+def test_departures_count_every_answer_whose_steps_are_wrong():
+    """calibrate.departures counts each answer steps_match calls wrong exactly once, and none it calls
+    right: on the chains of 60 LEGO delta examples and their damaged copies (a token changed, a step
+    dropped or added, the '|' or the answer dropped, the text cut anywhere)."""
+    import numpy as np
+
+    from stabray.evaluate.metrics import steps_match
+    from stabray.tasks import get_task
+
+    calibrate = load_calibrate()
+    task = get_task("lego_cyclic", n_vars=4, named_states=True, trace="delta")
+    rng = np.random.RandomState(0)
+    exs, texts = [], []
+    for _ in range(60):
+        ex = task.sample(rng, int(rng.randint(2, 6)))
+        gold = ex.answer
+        chain, final = gold.split(" | ")
+        cut = int(rng.randint(0, len(gold)))
+        steps = list(ex.steps)
+        for text in (
+            gold,
+            gold.replace(" 3", " 4", 1),
+            gold.replace(steps[0], steps[0][0] + " x", 1),
+            ", ".join(steps[:-1]) + " | " + final,
+            chain + ", q 1 | " + final,
+            chain,
+            chain + " " + final,
+            gold[:cut],
+        ):
+            exs.append(ex)
+            texts.append(text)
+    same = steps_match(exs, texts)
+    counted = calibrate.departures(exs, texts)
+    assert 0 < sum(same) < len(same)
+    assert sum(counted.values()) == len(same) - sum(same)
+    where = [calibrate.first_departure_token(e.steps, t) for e, t in zip(exs, texts)]
+    assert [w is None for w in where] == same
 
 
 def tiny_calibration(epochs: int) -> list[str]:
