@@ -284,16 +284,47 @@ def test_delta_trace_resolves_one_variable_per_step(name, named):
     assert "trace" not in state.describe() and delta.describe()["trace"] == "delta"
 
 
+@pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
+def test_delta_op_trace_writes_each_clause_operation_and_applies_it(name):
+    """`trace: delta_op` writes, per variable in chain order, its name, its clause's operation read
+    back from the question text (`=` for the root) and its value; each value is that operation
+    applied to the value one step before (computed here, not by the task), and question, chain and
+    answer are the delta trace's on the same draw."""
+    extra = {"degree": 3} if name == "lego_symmetry" else {}
+    delta = get_task(name, n_vars=6, named_states=True, trace="delta", **extra)
+    op = get_task(name, n_vars=6, named_states=True, trace="delta_op", **extra)
+    for seed in range(20):
+        for k in (2, 4, 6):
+            a = delta.sample(np.random.RandomState(seed), k)
+            b = op.sample(np.random.RandomState(seed), k)
+            assert (b.question, b.final, b.meta) == (a.question, a.final, a.meta)
+            clauses = dict(c.split(" = ") for c in re.search(r"clauses: (.*)\n", b.question).group(1).split("; "))
+            prev = None
+            for step, short in zip(b.steps, a.steps, strict=True):
+                var, written, value = step.split()
+                assert f"{var} {value}" == short
+                rhs = clauses[var].split()
+                if prev is None:
+                    assert written == "=" and rhs == [value]
+                elif name == "lego_cyclic":  # "y = x + a"
+                    assert rhs[1:] == ["+", written] and value == str((int(prev) + int(written)) % 6)
+                else:  # "y = s * x": y(i) = s(x(i))
+                    assert rhs[:2] == [written, "*"] and value == "".join(written[int(d) - 1] for d in prev)
+                prev = value
+            assert b.answer.startswith(", ".join(b.steps) + " | ")
+    assert op.describe()["trace"] == "delta_op"
+
+
 def test_lego_trace_must_be_known():
     from stabray.errors import UserError
 
-    with pytest.raises(UserError, match="trace must be one of state, delta, got 'deltas'"):
+    with pytest.raises(UserError, match="trace must be one of state, delta, delta_op, got 'deltas'"):
         get_task("lego_cyclic", n_vars=4, trace="deltas")
 
 
 @pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
 @pytest.mark.parametrize("named", [False, True])
-@pytest.mark.parametrize("trace", ["state", "delta"])
+@pytest.mark.parametrize("trace", ["state", "delta", "delta_op"])
 def test_lego_answer_lists_the_chain_in_order_or_its_last_variable(name, named, trace):
     """`answer: chain` lists every variable in the order the clauses resolve them and `answer: last`
     the chain's last variable, both read back from the question by an independent resolver; the

@@ -31,6 +31,12 @@ one variable per step, so there are k steps of the same length at every k; the f
 state vector as above. A step then needs a content lookup (the clause whose right-hand side names
 the variable just resolved) instead of copying a state whose length, and so the distance to copy
 from, grows with k. The default (`trace: state`) writes the whole state at every step.
+
+Delta trace with operations (`trace: delta_op`): as `delta`, and each step also writes the operation
+of the variable's clause between its name and its value (`f 2 3` for `f = d + 2` with d = 1; `=` for
+the root, whose clause has none: `d = 1`), so a step's value is its operation applied to the value
+written one step before, and the lookup in the clauses is a copy (the operation) apart from the
+arithmetic. Three tokens per step, the last the value.
 """
 
 from __future__ import annotations
@@ -67,11 +73,11 @@ def compose(s: tuple[int, ...], x: tuple[int, ...]) -> tuple[int, ...]:
 class LegoParams:
     n_vars: int = 8  # variables in the chain (the paper: 8; length generalization: 9 and 10)
     named_states: bool = False  # write each state entry as "name value" ([f 3 i n]): a name per slot
-    trace: str = "state"  # "state": the whole state vector per step; "delta": the variable resolved ("f 3")
+    trace: str = "state"  # "state": the state per step; "delta": the variable resolved ("f 3"); "delta_op": "f 2 3"
     answer: str = "state"  # "state": alphabetical; "chain": the same entries in chain order; "last": the last one
 
 
-TRACES = ("state", "delta")
+TRACES = ("state", "delta", "delta_op")
 ANSWERS = ("state", "chain", "last")
 
 
@@ -122,16 +128,22 @@ class LegoTask(Task):
     def fmt_clause(self, y: str, op, x: str) -> str:
         raise NotImplementedError
 
+    def fmt_op(self, op) -> str:
+        """An operation as its clause writes it (`2` in `f = d + 2`), for `trace: delta_op`."""
+        raise NotImplementedError
+
     def sample(self, rng: np.random.RandomState, size: int) -> Example:
         self.check_size(size)
         k = int(size)
         chain = [NAMES[i] for i in rng.choice(len(NAMES), k, replace=False)]  # dependency order
         values = [self.random_value(rng)]
         clauses = [f"{chain[0]} = {self.fmt_value(values[0])}"]
+        ops = ["="]  # as a delta_op step writes them; the root's clause has no operation
         for j in range(1, k):
             op = self.random_op(rng)
             values.append(self.apply(op, values[-1]))
             clauses.append(self.fmt_clause(chain[j], op, chain[j - 1]))
+            ops.append(self.fmt_op(op))
         shown = [clauses[i] for i in rng.permutation(k)]
         names = sorted(chain)
         value_of = {v: self.fmt_value(x) for v, x in zip(chain, values)}
@@ -142,6 +154,8 @@ class LegoTask(Task):
             states.append(self.fmt_state(names, [value_of[u] if u in known else UNKNOWN for u in names]))
         if self.params.trace == "delta":  # every resolution, in chain order; the final gathers them
             steps = tuple(f"{v} {value_of[v]}" for v in chain)
+        elif self.params.trace == "delta_op":  # the same, each with its clause's operation
+            steps = tuple(f"{v} {o} {value_of[v]}" for v, o in zip(chain, ops))
         else:  # every state but the last (the default final answer)
             steps = tuple(states[:-1])
         head = f"{self.name}:\nvars: [{' '.join(names)}], clauses: {'; '.join(shown)}\n"
@@ -216,6 +230,9 @@ class LegoCyclic(LegoTask):
     def fmt_clause(self, y, op, x) -> str:
         return f"{y} = {x} + {op}"
 
+    def fmt_op(self, op) -> str:
+        return str(op)
+
 
 @TASKS.register("lego_symmetry")
 class LegoSymmetry(LegoTask):
@@ -257,6 +274,9 @@ class LegoSymmetry(LegoTask):
 
     def fmt_clause(self, y, op, x) -> str:
         return f"{y} = {fmt_perm(op)} * {x}"
+
+    def fmt_op(self, op) -> str:
+        return fmt_perm(op)
 
     def describe(self) -> dict:
         d = super().describe()
