@@ -241,13 +241,16 @@ def test_named_lego_states_carry_the_same_values(name):
     assert "named_states" not in plain.describe() and nm.describe()["named_states"] is True
 
 
-def resolve_lego(question: str, group: str) -> list[tuple[str, str]]:
+def resolve_lego(question: str, group: str, name_last: bool = False) -> list[tuple[str, str]]:
     """The chain of (variable, value) read back from a LEGO question's clauses: the root first, then
-    each variable whose clause names the one before (an independent solver of the text)."""
+    each variable whose clause names the one before (an independent solver of the text).
+    `name_last`: clauses written `d + 2 = f` (the defined name after the expression)."""
     clauses = re.search(r"clauses: (.*)\n", question).group(1).split("; ")
     root, rules = None, {}
     for c in clauses:
         lhs, rhs = c.split(" = ")
+        if name_last:
+            lhs, rhs = rhs, lhs
         parts = rhs.split()
         if len(parts) == 1:
             root = (lhs, parts[0])
@@ -313,6 +316,43 @@ def test_delta_op_trace_writes_each_clause_operation_and_applies_it(name):
                 prev = value
             assert b.answer.startswith(", ".join(b.steps) + " | ")
     assert op.describe()["trace"] == "delta_op"
+
+
+@pytest.mark.parametrize("name", ["lego_cyclic", "lego_symmetry"])
+@pytest.mark.parametrize("trace", ["state", "delta_op"])
+def test_name_last_clauses_are_the_same_equations_written_the_other_way(name, trace):
+    """`clause: name_last` writes every clause as `d + 2 = f` (the root `1 = d`): the same draw as the
+    default, each clause its default clause with the two sides swapped, in the same shown order, so
+    an independent resolver reading it that way finds the chain and values the steps and answer hold;
+    every clause ends with the name it defines."""
+    extra = {"degree": 3} if name == "lego_symmetry" else {}
+    first = get_task(name, n_vars=6, named_states=True, trace=trace, **extra)
+    last = get_task(name, n_vars=6, named_states=True, trace=trace, clause="name_last", **extra)
+    swapped = 0
+    for seed in range(20):
+        for k in (2, 4, 6):
+            a = first.sample(np.random.RandomState(seed), k)
+            b = last.sample(np.random.RandomState(seed), k)
+            assert (b.steps, b.final, b.meta) == (a.steps, a.final, a.meta)
+            head_a, clauses_a = re.search(r"^(.*clauses: )([^\n]*)\n", a.question, re.S).groups()
+            head_b, clauses_b = re.search(r"^(.*clauses: )([^\n]*)\n", b.question, re.S).groups()
+            assert head_b == head_a and b.question.endswith("trace | values:\n")
+            for ca, cb in zip(clauses_a.split("; "), clauses_b.split("; "), strict=True):
+                lhs, rhs = ca.split(" = ")
+                assert cb == f"{rhs} = {lhs}" and cb.split()[-1] in b.meta["chain"]
+                swapped += cb != ca
+            chain = resolve_lego(b.question, name, name_last=True)
+            assert [v for v, _ in chain] == b.meta["chain"] and [x for _, x in chain] == b.meta["values"]
+            assert last.baseline_accuracy([b]) == first.baseline_accuracy([a])
+    assert swapped == 20 * (2 + 4 + 6)  # no clause reads the same both ways
+    assert "clause" not in first.describe() and last.describe()["clause"] == "name_last"
+
+
+def test_lego_clause_order_must_be_known():
+    from stabray.errors import UserError
+
+    with pytest.raises(UserError, match="clause must be one of name_first, name_last, got 'last'"):
+        get_task("lego_cyclic", n_vars=4, clause="last")
 
 
 def test_lego_trace_must_be_known():

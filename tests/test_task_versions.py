@@ -46,6 +46,13 @@ PINNED: list[tuple[str, dict, str, str, str]] = [
     ("dijkstra", {"labels": 12, "decimals": 1, "distances": True}, "1", "3", "b294ce157011b9fe"),
     ("lego_cyclic", {"named_states": True, "trace": "delta", "train_sizes": [2, 3]}, "1", "3", "ca15e67f82efa3af"),
     ("lego_cyclic", {"named_states": True, "trace": "delta_op", "train_sizes": [2, 3]}, "1", "3", "6e2a343466919fcb"),
+    (
+        "lego_cyclic",
+        {"named_states": True, "trace": "delta_op", "clause": "name_last", "train_sizes": [2, 3]},
+        "1",
+        "3",
+        "3a519f28387618c4",
+    ),
     ("lego_symmetry", {"degree": 3, "named_states": True}, "1", "3", "e4fcd99beaf35760"),
 ]
 

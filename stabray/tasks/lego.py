@@ -37,6 +37,12 @@ of the variable's clause between its name and its value (`f 2 3` for `f = d + 2`
 the root, whose clause has none: `d = 1`), so a step's value is its operation applied to the value
 written one step before, and the lookup in the clauses is a copy (the operation) apart from the
 arithmetic. Three tokens per step, the last the value.
+
+Clause order (`clause: name_last`, a laptop-scale variant): every clause ends with the name it defines
+(`d + 2 = f`, the root `1 = d`) instead of starting with it (`f = d + 2`, the default, as the LEGO
+paper writes them). The same draws and the same equations; in a causal decoder the defined name's
+own position then follows the whole clause (parent, operation), so the lookup of "the clause whose
+parent is d" can land on the name it has to copy rather than on a token after it.
 """
 
 from __future__ import annotations
@@ -75,10 +81,12 @@ class LegoParams:
     named_states: bool = False  # write each state entry as "name value" ([f 3 i n]): a name per slot
     trace: str = "state"  # "state": the state per step; "delta": the variable resolved ("f 3"); "delta_op": "f 2 3"
     answer: str = "state"  # "state": alphabetical; "chain": the same entries in chain order; "last": the last one
+    clause: str = "name_first"  # "name_first": `f = d + 2`; "name_last": `d + 2 = f` (the defined name last)
 
 
 TRACES = ("state", "delta", "delta_op")
 ANSWERS = ("state", "chain", "last")
+CLAUSES = ("name_first", "name_last")
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,10 @@ class LegoTask(Task):
             raise UserError(
                 f"task {self.name!r}: answer must be one of {', '.join(ANSWERS)}, got {self.params.answer!r}"
             )
+        if self.params.clause not in CLAUSES:
+            raise UserError(
+                f"task {self.name!r}: clause must be one of {', '.join(CLAUSES)}, got {self.params.clause!r}"
+            )
 
     def check_size(self, size: int, key: str | None = None) -> None:
         super().check_size(size, key)
@@ -125,8 +137,14 @@ class LegoTask(Task):
     def fmt_value(self, x) -> str:
         raise NotImplementedError
 
-    def fmt_clause(self, y: str, op, x: str) -> str:
+    def fmt_expr(self, op, x: str) -> str:
+        """The right-hand side of a clause: the operation applied to the parent's name (`d + 2`)."""
         raise NotImplementedError
+
+    def fmt_clause(self, y: str, expr: str) -> str:
+        """A clause defining `y` as `expr` (an expression or the root's constant), `clause` says which side
+        the name goes: `f = d + 2` (name_first) or `d + 2 = f` (name_last)."""
+        return f"{expr} = {y}" if self.params.clause == "name_last" else f"{y} = {expr}"
 
     def fmt_op(self, op) -> str:
         """An operation as its clause writes it (`2` in `f = d + 2`), for `trace: delta_op`."""
@@ -137,12 +155,12 @@ class LegoTask(Task):
         k = int(size)
         chain = [NAMES[i] for i in rng.choice(len(NAMES), k, replace=False)]  # dependency order
         values = [self.random_value(rng)]
-        clauses = [f"{chain[0]} = {self.fmt_value(values[0])}"]
+        clauses = [self.fmt_clause(chain[0], self.fmt_value(values[0]))]
         ops = ["="]  # as a delta_op step writes them; the root's clause has no operation
         for j in range(1, k):
             op = self.random_op(rng)
             values.append(self.apply(op, values[-1]))
-            clauses.append(self.fmt_clause(chain[j], op, chain[j - 1]))
+            clauses.append(self.fmt_clause(chain[j], self.fmt_expr(op, chain[j - 1])))
             ops.append(self.fmt_op(op))
         shown = [clauses[i] for i in rng.permutation(k)]
         names = sorted(chain)
@@ -190,6 +208,8 @@ class LegoTask(Task):
             d.pop("named_states", None)
         if d.get("trace") == "state":
             d.pop("trace", None)
+        if d.get("clause") == "name_first":
+            d.pop("clause", None)
         return d
 
     def trivial_baselines(self) -> dict[str, Callable[[Example], str]]:
@@ -227,8 +247,8 @@ class LegoCyclic(LegoTask):
     def fmt_value(self, x) -> str:
         return str(x)
 
-    def fmt_clause(self, y, op, x) -> str:
-        return f"{y} = {x} + {op}"
+    def fmt_expr(self, op, x) -> str:
+        return f"{x} + {op}"
 
     def fmt_op(self, op) -> str:
         return str(op)
@@ -272,8 +292,8 @@ class LegoSymmetry(LegoTask):
     def fmt_value(self, x) -> str:
         return fmt_perm(x)
 
-    def fmt_clause(self, y, op, x) -> str:
-        return f"{y} = {fmt_perm(op)} * {x}"
+    def fmt_expr(self, op, x) -> str:
+        return f"{fmt_perm(op)} * {x}"
 
     def fmt_op(self, op) -> str:
         return fmt_perm(op)
