@@ -145,7 +145,7 @@ CASES = [
     ("data_out_exists", ["data", "dijkstra", "--out", "x.jsonl"], {"x.jsonl": "mine\n"}, ["x.jsonl", "--force"]),
     ("data_out_cannot_be_created", ["data", "dijkstra", "--out", "/proc/x.jsonl"], {}, ["--out /proc/x.jsonl", "cannot create files in /proc"]),
     ("data_bad_param", ["data", "dijkstra", "--param", "n_nodes=abc"], {}, ["n_nodes must be an integer"]),
-    ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'"]),
+    ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'; did you mean n_nodes?"]),
     ("data_unknown_flag", ["data", "dijkstra", "--set", "n_nodes=3"], {}, ["stabray data: unrecognized arguments: --set n_nodes=3", "see stabray data --help"]),
     ("data_param_not_a_number", ["data", "dijkstra", "--param", "p=abc"], {}, ["task 'dijkstra': p must be a number, got 'abc'"]),
     ("data_seed_negative", ["data", "dijkstra", "--seed", "-1"], {}, ["--seed must be in 0..2**32-1, got -1"]),

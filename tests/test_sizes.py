@@ -236,7 +236,8 @@ def test_spec_validator_names_bad_train_size_weights(tmp_path):
         ({"n_nodes": 4, "long_sizes": [4, 5]}, "larger than the largest training size 4"),
         ({"train_sizes": [3, 5], "long_sizes": [5]}, "larger than the largest training size 5"),
         ({"n_nodes": 4, "labels": 5, "long_sizes": [6]}, "needs at least 6 labels"),
-        ({"train_size": [3]}, "unknown parameter 'train_size'"),
+        ({"train_size": [3]}, "unknown parameter 'train_size'; did you mean train_sizes"),
+        ({"qqq": 1}, "unknown parameter 'qqq'; known: decimals, distances, labels"),
     ],
 )
 def test_bad_size_options(params, problem):

@@ -8,6 +8,7 @@ methods that drop or compress steps (Algorithm 1, Implicit CoT) share one format
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from dataclasses import dataclass, field
@@ -145,8 +146,10 @@ class Task:
         names = {f.name for f in dataclasses.fields(self.Params)}
         for key in params:
             if key not in names:
-                known = ", ".join(sorted(names | set(SIZE_OPTIONS)))
-                raise UserError(f"task {self.name!r}: unknown parameter {key!r}; known: {known}")
+                allowed = sorted(names | set(SIZE_OPTIONS))
+                close = difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)
+                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                raise UserError(f"task {self.name!r}: unknown parameter {key!r}{hint}; known: {', '.join(allowed)}")
         self._check_types(params)
         self.params = self.Params(**params)
         self.train_sizes = self._size_list("train_sizes", train_sizes)
