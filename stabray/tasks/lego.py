@@ -105,16 +105,10 @@ class LegoTask(Task):
         super().__init__(**params)
         if not isinstance(self.params.named_states, bool):
             raise UserError(f"task {self.name!r}: named_states must be true or false, got {self.params.named_states!r}")
-        if self.params.trace not in TRACES:
-            raise UserError(f"task {self.name!r}: trace must be one of {', '.join(TRACES)}, got {self.params.trace!r}")
-        if self.params.answer not in ANSWERS:
-            raise UserError(
-                f"task {self.name!r}: answer must be one of {', '.join(ANSWERS)}, got {self.params.answer!r}"
-            )
-        if self.params.clause not in CLAUSES:
-            raise UserError(
-                f"task {self.name!r}: clause must be one of {', '.join(CLAUSES)}, got {self.params.clause!r}"
-            )
+        for key, allowed in (("trace", TRACES), ("answer", ANSWERS), ("clause", CLAUSES)):
+            value = getattr(self.params, key)
+            if value not in allowed:
+                raise UserError(f"task {self.name!r}: {key} must be one of {', '.join(allowed)}, got {value!r}")
 
     def check_size(self, size: int, key: str | None = None) -> None:
         super().check_size(size, key)
