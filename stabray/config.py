@@ -124,6 +124,11 @@ class ModelCfg(Strict):
     # ("52134" -> 5 ##2 ##1 ##3 ##4, "0.25" -> 0 ##. ##2 ##5; decoded back to whole numbers)
     numbers: Literal["word", "digits"] = "word"
     freeze_embeddings: bool = False  # embedded: the (tied) token embeddings stay at their random init
+    # seed of the initial weights (the embedded model's, or a LoRA adapter's); None = the trial's seed.
+    # Set, it parts the initialisation from what the trial's seed also draws (the order of the examples,
+    # their views, the position draws, jacreg's probes): two trials with one init_seed start from the
+    # same weights. The dataset has its own seed (task.data_seed).
+    init_seed: int | None = Field(None, ge=0, lt=2**32)
 
     @field_validator("position_eval_stride", mode="before")
     @classmethod
@@ -279,6 +284,11 @@ class TrialConfig(Strict):
     seed: int = Field(0, ge=0, lt=2**32)  # training seed: initialisation, shuffling, step resampling
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str | None = None  # dataset cache; None = $STABRAY_CACHE or ~/.cache/stabray
+
+    @property
+    def weights_seed(self) -> int:
+        """The seed of the initial weights: model.init_seed, else the trial's seed."""
+        return self.seed if self.model.init_seed is None else self.model.init_seed
 
 
 def parse_trial_config(config: dict[str, Any]) -> TrialConfig:

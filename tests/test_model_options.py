@@ -258,3 +258,64 @@ def test_trial_trains_on_drawn_positions_and_evaluates_on_plain_ones(cache_dir, 
     mod.table = mod.table[:1]
     assert "test_acc" in runs[0].final()
     assert runs[0].evaluate("val").acc >= 0.0
+
+
+# --- model.init_seed: the initial weights apart from the trial's seed -----------------------------
+
+
+def _seeded_cfg(cache_dir, seed, init_seed=None):
+    return {
+        "task": {
+            "name": "lego_cyclic",
+            "params": {"n_vars": 3, "train_sizes": [2, 3], "named_states": True},
+            "train_size": 24,
+            "val_size": 4,
+            "test_size": 4,
+            "resample_train": True,
+        },
+        "model": {
+            "preset": "tiny",
+            "init_std": 0.1,
+            "positions": "random",
+            "position_span": 96,
+            "init_seed": init_seed,
+        },
+        "method": {"name": "sft_cot"},
+        "train": {"epochs": 1, "batch_size": 8, "threads": 1},
+        "eval": {"eaf_examples": 0, "loss_gap": False},
+        "seed": seed,
+        "cache_dir": cache_dir,
+    }
+
+
+def _weights(run):
+    return [p.detach().clone() for p in run.model.parameters()]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_init_seed_sets_the_initial_weights_and_nothing_else(cache_dir):
+    """init_seed k starts from seed k's weights; the order, views and position draws stay the trial
+    seed's: seed 0 with init_seed 0 trains exactly as seed 0, seed 0 with init_seed 1 starts where
+    seed 1 starts and ends elsewhere after an epoch (the data is the same: task.data_seed)."""
+    runs = {key: TrialRun(_seeded_cfg(cache_dir, *key)) for key in [(0, None), (1, None), (0, 0), (0, 1)]}
+    start = {key: _weights(r) for key, r in runs.items()}
+    assert _same(start[(0, 1)], start[(1, None)]) and _same(start[(0, 0)], start[(0, None)])
+    assert not _same(start[(0, 1)], start[(0, None)])
+    assert [e.question for e in runs[(0, 1)].data["test"]] == [e.question for e in runs[(1, None)].data["test"]]
+    for r in runs.values():
+        r.epoch()
+    end = {key: _weights(r) for key, r in runs.items()}
+    assert _same(end[(0, 0)], end[(0, None)])  # the same run, bit for bit
+    assert not _same(end[(0, 1)], end[(1, None)])  # one start, another order and other position draws
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, 1.5, "one"])
+def test_init_seed_must_be_a_seed(bad):
+    from stabray.config import parse_trial_config
+
+    cfg = {"task": {"name": "lego_cyclic"}, "model": {"init_seed": bad}}
+    with pytest.raises(UserError, match=r"model\.init_seed"):
+        parse_trial_config(cfg)

@@ -203,7 +203,7 @@ class ICLRun(Runner):
             init=self.p.init,
             init_scale=self.p.init_scale,
             init_gain=self.p.init_gain,
-            seed=c.seed,
+            seed=c.weights_seed,
             weights=self.p.weights,
         ).to(DTYPE)
         self.trainer = ICLTrainer(self)

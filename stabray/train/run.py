@@ -120,8 +120,10 @@ class TrialRun(Runner):
             self.tokenizer = load_tokenizer(self.spec)
         self.method.bind_tokenizer(self.tokenizer)  # e.g. Coconut adds <bot>/<eot> to a pretrained vocabulary
         self.encoder = Encoder(self.tokenizer)
-        self.model = build_model(self.spec, self.tokenizer, seed=c.seed)
+        self.model = build_model(self.spec, self.tokenizer, seed=c.weights_seed)
         self.model = self.method.prepare(self.model).to(self.device)
+        if c.model.init_seed is not None:  # what a method draws from torch's global RNG (jacreg's probes)
+            torch.manual_seed(c.seed)  # follows the trial's seed, not the weights'
         # model.position_eval_stride a list: the length ratio its per-input stride rule reads, from the
         # training examples as the method encodes them (stabray.models.positions)
         set_length_ratio(self.model, self.length_pairs(self.data["train"][:500]))
