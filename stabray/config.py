@@ -5,7 +5,6 @@ errors that name the field; sweep specs are validated completely before Ray star
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import types
 import typing
@@ -15,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator, model_validator
 
-from stabray.errors import SpecError, UserError
+from stabray.errors import SpecError, UserError, did_you_mean
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"  # the shipped sweep specs
 
@@ -341,9 +340,9 @@ def validation_problem(e: ValidationError) -> tuple[str, str]:
     if first["type"] == "extra_forbidden" and first["loc"]:
         root = _models().get(e.title)
         allowed = known_keys(root, tuple(first["loc"][:-1])) if root is not None else []
-        close = difflib.get_close_matches(str(first["loc"][-1]), allowed, n=2, cutoff=0.6)
+        close = did_you_mean(first["loc"][-1], allowed)
         if close:
-            msg += f"; did you mean {' or '.join(close)}?"
+            msg += f"; {close}"
         elif allowed:
             msg += f"; the keys here are {', '.join(allowed)}"
     msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's own message

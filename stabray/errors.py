@@ -1,6 +1,8 @@
 """Errors a user can fix. The CLI prints their message and exits with code 2."""
 
+import difflib
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -15,6 +17,13 @@ class SpecError(UserError):
     def __init__(self, path: str, field: str, problem: str, related: tuple[str, ...] = ()):
         self.path, self.field, self.problem, self.related = str(path), field, problem, tuple(related)
         super().__init__(f"{self.path}: {field}: {problem}")
+
+
+def did_you_mean(word: object, choices: Iterable[str], n: int = 2, cutoff: float = 0.6, quote: bool = False) -> str:
+    """ "did you mean a or b?" naming the choices closest to a misspelled `word` (difflib's ratio at
+    least `cutoff`, at most `n`, closest first; quoted with repr when `quote`), or "" when none is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=n, cutoff=cutoff)
+    return f"did you mean {' or '.join(repr(c) if quote else c for c in close)}?" if close else ""
 
 
 def unwritable(path: str | Path) -> str | None:

@@ -4,11 +4,10 @@ with "did you mean ..." and the list of what exists."""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from stabray.errors import UserError
+from stabray.errors import UserError, did_you_mean
 
 T = TypeVar("T")
 
@@ -45,8 +44,8 @@ class Registry(Generic[T]):
         if name in self._aliases:
             return self._aliases[name]
         known = sorted([*self._items, *self._aliases])
-        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
-        hint = f" did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        hint = did_you_mean(name, known, n=3, cutoff=0.5, quote=True)
+        hint = f" {hint}" if hint else ""
         raise UserError(f"unknown {self.kind} {name!r};{hint} available: {', '.join(sorted(self._items))}")
 
     def get(self, name: str) -> T:

@@ -21,7 +21,7 @@ from stabray.config import (
     set_path,
     validation_problem,
 )
-from stabray.errors import SpecError, UserError
+from stabray.errors import SpecError, UserError, did_you_mean
 from stabray.record import searchable_metrics
 
 DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
@@ -41,10 +41,8 @@ def find_spec(name_or_path: str) -> Path:
     shipped = sorted(
         str(q.relative_to(SWEEPS_DIR).with_suffix("")) for q in SWEEPS_DIR.rglob("*.yaml") if not q.stem.startswith("_")
     )
-    import difflib
-
-    close = difflib.get_close_matches(name_or_path, shipped, n=3)
-    hint = f" did you mean {' or '.join(close)}?" if close else ""
+    hint = did_you_mean(name_or_path, shipped, n=3)
+    hint = f" {hint}" if hint else ""
     raise UserError(
         f"no sweep spec {name_or_path!r} (looked for sweeps/{name_or_path}.yaml);{hint} shipped: {', '.join(shipped)}"
     )

@@ -609,3 +609,18 @@ def test_a_sweep_into_an_existing_database_that_takes_no_writes_is_refused(tmp_p
         err = capsys.readouterr().err
         assert f"tracking store {uri}: a sweep writes to it" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ro", "s.yaml"]  # no stabray_runs, no mlruns
+
+
+def test_did_you_mean_names_the_closest_choices_or_nothing():
+    """The one hint behind every "did you mean" (config keys, task parameters, registry names, spec
+    names): closest first, at most n, quoted on request, empty when nothing is close."""
+    from stabray.errors import did_you_mean
+
+    keys = ["epochs", "lr", "batch_size", "warmup_steps", "weight_decay"]
+    assert did_you_mean("epohcs", keys) == "did you mean epochs?"
+    assert did_you_mean("weight_decy", keys, quote=True) == "did you mean 'weight_decay'?"
+    assert did_you_mean("qqq", keys) == ""
+    specs = ["bfs", "dijkstra", "dijkstra_methods"]
+    assert did_you_mean("dijkstra_method", specs, n=3) == "did you mean dijkstra_methods or dijkstra?"
+    assert did_you_mean("dijkstra_method", specs, n=1) == "did you mean dijkstra_methods?"
+    assert did_you_mean(3, ["3x", "y"], cutoff=0.5) == "did you mean 3x?"  # a YAML key need not be a string

@@ -8,7 +8,6 @@ methods that drop or compress steps (Algorithm 1, Implicit CoT) share one format
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import typing
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from stabray.errors import UserError
+from stabray.errors import UserError, did_you_mean
 from stabray.registry import Registry
 
 STEP_SEP = ", "  # between intermediate steps
@@ -147,8 +146,8 @@ class Task:
         for key in params:
             if key not in names:
                 allowed = sorted(names | set(SIZE_OPTIONS))
-                close = difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)
-                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                hint = did_you_mean(key, allowed)
+                hint = f"; {hint}" if hint else ""
                 raise UserError(f"task {self.name!r}: unknown parameter {key!r}{hint}; known: {', '.join(allowed)}")
         self._check_types(params)
         self.params = self.Params(**params)
