@@ -17,7 +17,7 @@ import copy
 import json
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import yaml
@@ -83,7 +83,9 @@ def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
     example's, how many first depart from it at each token of a step (`first_departure_token`; for a
     LEGO delta step `f 3`, "0" is a wrong variable, "1" a wrong value, "2" a chain that stops or goes
     on where it should not, or never ends); its counts add up to the answers whose steps are not the
-    example's, (1 - steps_acc) * n. {} for other methods."""
+    example's, (1 - steps_acc) * n; `final_after_steps`, how the final answers of the
+    steps_ok_final_wrong answers differ from the example's (`final_difference`). {} for other
+    methods."""
     from stabray.evaluate.metrics import steps_match, writes_whole_chain
 
     if not writes_whole_chain(run.method, exs):
@@ -93,7 +95,29 @@ def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
         "steps_acc": sum(same) / len(same),
         "steps_ok_final_wrong": sum(s and not o for s, o in zip(same, ok)),
         "first_departure": departures(exs, preds),
+        "final_after_steps": final_difference(
+            [e for e, right, o in zip(exs, same, ok) if right and not o],
+            [p for p, right, o in zip(preds, same, ok) if right and not o],
+        ),
     }
+
+
+def final_difference(exs: list, preds: list[str]) -> dict[str, dict[str, int]]:
+    """How written final answers differ from the examples' (normalized tokens after the last '|'):
+    `length`, the count of answers per token difference ({"-2": 105}: two tokens short; a LEGO named
+    state's entry is two tokens, `r 4`), and `prefix`, how many are the example's with its end cut
+    off (short, and token for token the same up to where they stop)."""
+    from stabray.tasks.base import extract_final, normalize_answer
+
+    length: Counter = Counter()
+    prefix = 0
+    for e, p in zip(exs, preds):
+        have, gold = normalize_answer(extract_final(p)).split(), normalize_answer(e.final).split()
+        length[len(have) - len(gold)] += 1
+        # an answer ends with its closing token (`]`): "cut off" compares what comes before it
+        body, gold_body = (have[:-1], gold[:-1]) if have and gold and have[-1] == gold[-1] else (have, gold)
+        prefix += len(body) < len(gold_body) and gold_body[: len(body)] == body
+    return {"length": {str(k): length[k] for k in sorted(length)}, "prefix": prefix}
 
 
 def departures(exs: list, preds: list[str]) -> dict[str, int]:
@@ -442,6 +466,13 @@ def main() -> None:
             print(
                 f"  {'':12s} steps as the example's: {r['steps_acc']:.3f}; "
                 f"{r['steps_ok_final_wrong']} wrong answers after the right steps"
+                + (
+                    " (final answer's tokens vs the example's: "
+                    + ", ".join(f"{int(k):+d}: {n}" for k, n in r["final_after_steps"]["length"].items())
+                    + f"; {r['final_after_steps']['prefix']} cut short)"
+                    if r.get("final_after_steps", {}).get("length")
+                    else ""
+                )
                 + (
                     "; the chain first off at a step's token "
                     + ", ".join(f"{i}: {n}" for i, n in r["first_departure"].items())

@@ -731,7 +731,12 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
     for name, params in (("sft_cot", {}), ("alg1", {"lam": 1.0})):
         rep = calibrate.steps_report(SimpleNamespace(method=get_method(name, **params)), exs, preds, ok)
         # a wrong value, and a text with no chain in it (departs at its first token)
-        assert rep == {"steps_acc": 0.5, "steps_ok_final_wrong": 1, "first_departure": {"0": 1, "1": 1}}
+        assert rep == {
+            "steps_acc": 0.5,
+            "steps_ok_final_wrong": 1,
+            "first_departure": {"0": 1, "1": 1},
+            "final_after_steps": {"length": {"-2": 1}, "prefix": 0},  # an entry short, from the middle
+        }
     for name, params in (("alg1", {"lam": 0.5, "strategy": "equal"}), ("no_cot", {})):
         method = get_method(name, **params)
         assert not writes_whole_chain(method, exs)
@@ -760,6 +765,28 @@ def test_first_departure_names_the_token_of_the_step_where_the_chain_goes_wrong(
     assert first(steps, "f 3, k 0, b 5 [b 5 f 3 k 0]") == 2
     assert first(steps, "") == 0
     assert first(("d 4 7 9",), "d 4 8 9 | x") == 2  # a longer step: the third token
+
+
+def test_final_difference_counts_short_answers_and_cut_off_ones():
+    """calibrate.final_difference on hand-written LEGO named states (an entry is two tokens): the token
+    difference per answer, and which answers are the example's cut off before its end (the closing
+    bracket aside); spacing is not content, and only the text after the last '|' is read."""
+    from types import SimpleNamespace
+
+    calibrate = load_calibrate()
+    gold = SimpleNamespace(final="[c 5 i 1 l 1 p 5 r 0 s 3 u 0]")
+    preds = [
+        "c 5 | [c 5 i 1 l 1 p 5 r 0 s 3]",  # the last entry left out: cut off
+        "[ c 5 i 1 l 1 p 5 r 0 s 3 ]",  # the same, spaced
+        "[c 5 i 1]",  # cut off after two entries
+        "[c 5 l 1 p 5 r 0 s 3 u 0]",  # an entry from the middle left out: short, not cut off
+        "[c 5 i 1 l 1 p 5 r 0 s 3 u 1]",  # the right length, a wrong value
+        "[c 5 i 1 l 1 p 5 r 0 s 3 u 0 v 2]",  # an entry too many
+        "[c 5 i 1 l 1 p 5 r 0 s 3 u 0",  # no closing bracket: one token short, every entry there
+    ]
+    diff = calibrate.final_difference([gold] * len(preds), preds)
+    assert diff == {"length": {"-10": 1, "-2": 3, "-1": 1, "0": 1, "2": 1}, "prefix": 4}
+    assert calibrate.final_difference([], []) == {"length": {}, "prefix": 0}
 
 
 def test_departures_count_every_answer_whose_steps_are_wrong():
