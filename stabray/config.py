@@ -340,9 +340,9 @@ def validation_problem(e: ValidationError) -> tuple[str, str]:
     if first["type"] == "extra_forbidden" and first["loc"]:
         root = _models().get(e.title)
         allowed = known_keys(root, tuple(first["loc"][:-1])) if root is not None else []
-        close = did_you_mean(first["loc"][-1], allowed)
+        close = did_you_mean(first["loc"][-1], allowed, before="; ")
         if close:
-            msg += f"; {close}"
+            msg += close
         elif allowed:
             msg += f"; the keys here are {', '.join(allowed)}"
     msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's own message

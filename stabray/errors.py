@@ -19,11 +19,14 @@ class SpecError(UserError):
         super().__init__(f"{self.path}: {field}: {problem}")
 
 
-def did_you_mean(word: object, choices: Iterable[str], n: int = 2, cutoff: float = 0.6, quote: bool = False) -> str:
-    """ "did you mean a or b?" naming the choices closest to a misspelled `word` (difflib's ratio at
-    least `cutoff`, at most `n`, closest first; quoted with repr when `quote`), or "" when none is close."""
+def did_you_mean(
+    word: object, choices: Iterable[str], n: int = 2, cutoff: float = 0.6, quote: bool = False, before: str = ""
+) -> str:
+    """`before` + "did you mean a or b?" naming the choices closest to a misspelled `word` (difflib's
+    ratio at least `cutoff`, at most `n`, closest first; quoted with repr when `quote`), or "" when
+    none is close."""
     close = difflib.get_close_matches(str(word), list(choices), n=n, cutoff=cutoff)
-    return f"did you mean {' or '.join(repr(c) if quote else c for c in close)}?" if close else ""
+    return f"{before}did you mean {' or '.join(repr(c) if quote else c for c in close)}?" if close else ""
 
 
 def unwritable(path: str | Path) -> str | None:

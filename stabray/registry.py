@@ -44,8 +44,7 @@ class Registry(Generic[T]):
         if name in self._aliases:
             return self._aliases[name]
         known = sorted([*self._items, *self._aliases])
-        hint = did_you_mean(name, known, n=3, cutoff=0.5, quote=True)
-        hint = f" {hint}" if hint else ""
+        hint = did_you_mean(name, known, n=3, cutoff=0.5, quote=True, before=" ")
         raise UserError(f"unknown {self.kind} {name!r};{hint} available: {', '.join(sorted(self._items))}")
 
     def get(self, name: str) -> T:

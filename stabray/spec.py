@@ -41,8 +41,7 @@ def find_spec(name_or_path: str) -> Path:
     shipped = sorted(
         str(q.relative_to(SWEEPS_DIR).with_suffix("")) for q in SWEEPS_DIR.rglob("*.yaml") if not q.stem.startswith("_")
     )
-    hint = did_you_mean(name_or_path, shipped, n=3)
-    hint = f" {hint}" if hint else ""
+    hint = did_you_mean(name_or_path, shipped, n=3, before=" ")
     raise UserError(
         f"no sweep spec {name_or_path!r} (looked for sweeps/{name_or_path}.yaml);{hint} shipped: {', '.join(shipped)}"
     )

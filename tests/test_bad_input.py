@@ -619,7 +619,8 @@ def test_did_you_mean_names_the_closest_choices_or_nothing():
     keys = ["epochs", "lr", "batch_size", "warmup_steps", "weight_decay"]
     assert did_you_mean("epohcs", keys) == "did you mean epochs?"
     assert did_you_mean("weight_decy", keys, quote=True) == "did you mean 'weight_decay'?"
-    assert did_you_mean("qqq", keys) == ""
+    assert did_you_mean("qqq", keys) == "" == did_you_mean("qqq", keys, before="; ")
+    assert did_you_mean("epohcs", keys, before="; ") == "; did you mean epochs?"
     specs = ["bfs", "dijkstra", "dijkstra_methods"]
     assert did_you_mean("dijkstra_method", specs, n=3) == "did you mean dijkstra_methods or dijkstra?"
     assert did_you_mean("dijkstra_method", specs, n=1) == "did you mean dijkstra_methods?"

@@ -146,8 +146,7 @@ class Task:
         for key in params:
             if key not in names:
                 allowed = sorted(names | set(SIZE_OPTIONS))
-                hint = did_you_mean(key, allowed)
-                hint = f"; {hint}" if hint else ""
+                hint = did_you_mean(key, allowed, before="; ")
                 raise UserError(f"task {self.name!r}: unknown parameter {key!r}{hint}; known: {', '.join(allowed)}")
         self._check_types(params)
         self.params = self.Params(**params)
