@@ -80,13 +80,14 @@ def steps_report(run, exs: list, preds: list[str], ok: list[bool]) -> dict:
     trial's steps_<metric>), `steps_ok_final_wrong`, how many of the wrong answers follow the chain
     right and then get the final answer wrong (e.g. a LEGO delta trace that resolves every variable
     and then lists one too few), and `first_departure`: over the written chains that are not the
-    example's, how many first depart from it at each token of a step (`first_departure_token`; for a
-    LEGO delta step `f 3`, "0" is a wrong variable, "1" a wrong value, "2" a chain that stops or goes
-    on where it should not, or never ends); its counts add up to the answers whose steps are not the
+    example's, how many first depart from it at each token of a step
+    (`stabray.evaluate.metrics.first_departure_token`; for a LEGO delta step `f 3`, "0" is a wrong
+    variable, "1" a wrong value, "2" a chain that stops or goes on where it should not, or never
+    ends); its counts add up to the answers whose steps are not the
     example's, (1 - steps_acc) * n; `final_after_steps`, how the final answers of the
     steps_ok_final_wrong answers differ from the example's (`final_difference`). {} for other
     methods."""
-    from stabray.evaluate.metrics import steps_match, writes_whole_chain
+    from stabray.evaluate.metrics import departures, steps_match, writes_whole_chain
 
     if not writes_whole_chain(run.method, exs):
         return {}
@@ -118,40 +119,6 @@ def final_difference(exs: list, preds: list[str]) -> dict[str, dict[str, int]]:
         body, gold_body = (have[:-1], gold[:-1]) if have and gold and have[-1] == gold[-1] else (have, gold)
         prefix += len(body) < len(gold_body) and gold_body[: len(body)] == body
     return {"length": {str(k): length[k] for k in sorted(length)}, "prefix": prefix}
-
-
-def departures(exs: list, preds: list[str]) -> dict[str, int]:
-    """Over the written chains that are not the example's (every one `steps_match` calls wrong, a
-    chain that never reaches '|' included): how many first depart from it at each token of a step
-    ({"0": 12, "1": 40}; `first_departure_token`)."""
-    where = [first_departure_token(e.steps, p) for e, p in zip(exs, preds)]
-    return {str(i): where.count(i) for i in sorted({w for w in where if w is not None})}
-
-
-def first_departure_token(steps, text: str) -> int | None:
-    """Where a written chain first departs from the example's `steps`, as the index of that token
-    within its step (normalized tokens, `normalize_answer`); the step separator after a step of m
-    tokens, and the end of the chain (the '|' before the final answer), count as token m. A text
-    with no '|' is a chain that never ended: all of it is compared, and if it holds the whole chain
-    it departs at the missing end. None only when the chain is the example's, '|' included."""
-    from stabray.tasks.base import STEP_SEP, extract_steps, normalize_answer
-
-    written = extract_steps(text)
-    ended = written is not None
-    have = (written if ended else normalize_answer(text)).split()
-    gold, at = [], []  # the example's chain token by token, and each token's index within its step
-    sep = normalize_answer(STEP_SEP).split()
-    for j, step in enumerate(steps):
-        toks = normalize_answer(step).split()
-        tail = sep if j < len(steps) - 1 else []
-        gold += toks + tail
-        at += list(range(len(toks))) + [len(toks)] * len(tail)
-    for k, tok in enumerate(gold):
-        if k >= len(have) or have[k] != tok:
-            return at[k]
-    if len(have) > len(gold) or not ended:
-        return len(normalize_answer(steps[-1]).split()) if steps else 0
-    return None
 
 
 def token_count(run, text: str) -> int:
@@ -324,6 +291,7 @@ def main() -> None:
     import torch
 
     from stabray.config import set_path
+    from stabray.evaluate.metrics import departures
     from stabray.train.loop import kernels
     from stabray.train.run import TrialRun
 

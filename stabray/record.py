@@ -266,6 +266,19 @@ SIZED_METRICS: dict[str, Metric] = {
 _SIZED_METRIC = re.compile(r"(trivial_|steps_)?test_acc_n(\d+)")
 _SIZED_ORDER = {"": 0, "trivial_": 1, "steps_": 2}  # each accuracy, its floor, then its chain's
 
+# Where the wrong written chains go off, every epoch (a method that writes the whole chain): one
+# metric per token index k of a step, `val_departure_tok0`, `val_departure_tok1`, ...
+DEPARTURE_METRIC = Metric(
+    "val_departure_tok<k>",
+    "epoch",
+    "fraction of the validation answers scored for val_acc whose written chain first goes off the "
+    "example's at token k of a step (stabray.evaluate.metrics.first_departure_token; a LEGO delta_op "
+    "step `f 2 3`: 0 the variable, i.e. the clause lookup, 1 the operation, 2 the value, 3 a chain that "
+    "stops, goes on or never ends); over k they add up to 1 - steps_val_acc",
+    runners=_TEXT,
+)
+_DEPARTURE_METRIC = re.compile(r"val_departure_tok(\d+)")
+
 
 def acc_metric(split: str) -> str:
     """The accuracy metric of an evaluation split: val -> val_acc, test_long -> test_long_acc,
@@ -284,6 +297,11 @@ def steps_metric(split: str) -> str:
     return "steps_" + acc_metric(split)
 
 
+def departure_metric(token: int) -> str:
+    """The per-epoch metric of the validation chains that first go off at token `token` of a step."""
+    return f"val_departure_tok{token}"
+
+
 def declared(name: str) -> Metric | None:
     """The declaration of a metric name, a sized one included (test_acc_n5 -> its family)."""
     if name in METRICS:
@@ -291,6 +309,8 @@ def declared(name: str) -> Metric | None:
     m = _SIZED_METRIC.fullmatch(name)
     if m:
         return SIZED_METRICS[f"{m.group(1) or ''}test_acc_n<k>"]
+    if _DEPARTURE_METRIC.fullmatch(name):
+        return DEPARTURE_METRIC
     return None
 
 
@@ -300,7 +320,10 @@ def describe_metric(name: str, runner: str = "text") -> str:
     if m is None:
         return ""
     size = _SIZED_METRIC.fullmatch(name)
+    token = _DEPARTURE_METRIC.fullmatch(name)
     text = m.describe(runner)
+    if token:
+        return text.replace("token k", f"token {token.group(1)}")
     return text.replace("size k", f"size {size.group(2)}") if size else text
 
 
@@ -313,7 +336,7 @@ def sized_metric_names(names) -> list[str]:
 
 def is_metric(key: str) -> bool:
     """Whether a reported key is a declared metric (what the MLflow callback logs)."""
-    return key in METRICS or _CURVE_METRIC.fullmatch(key) is not None or _SIZED_METRIC.fullmatch(key) is not None
+    return key in METRICS or any(p.fullmatch(key) for p in (_CURVE_METRIC, _SIZED_METRIC, _DEPARTURE_METRIC))
 
 
 def metric_names(when: str | None = None, group: str | None = "science", runner: str | None = None) -> list[str]:

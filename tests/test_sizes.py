@@ -327,6 +327,16 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
     exs, preds = run.data["val"][: n_val or None], run.evaluate("val", n_val).predictions
     assert len(preds) == len(exs) and is_metric("steps_val_acc")
     assert epoch["steps_val_acc"] == pytest.approx(written_right(exs, preds))
+    # and where the wrong ones go off: one metric per token of the longest step and its end, every epoch
+    from stabray.evaluate.metrics import first_departure_token
+
+    longest = max(len(normalize_answer(s).split()) for e in exs for s in e.steps)
+    dep = {k: v for k, v in epoch.items() if k.startswith("val_departure_tok")}
+    assert set(dep) == {f"val_departure_tok{k}" for k in range(longest + 1)} and all(is_metric(k) for k in dep)
+    where = [first_departure_token(e.steps, p) for e, p in zip(exs, preds)]
+    assert dep == {f"val_departure_tok{k}": pytest.approx(where.count(k) / len(exs)) for k in range(longest + 1)}
+    assert sum(dep.values()) == pytest.approx(1 - epoch["steps_val_acc"])
+    assert "token 2 of a step" in describe_metric("val_departure_tok2")
     assert {e.meta["n"] for e in run.data["test_n6"]} == {6} and {e.meta["n"] for e in run.data["test"]} <= {3, 4}
     # each floor against the two Dijkstra rules computed here from the graph alone, on the very examples evaluated
     by_rule = {
@@ -744,12 +754,12 @@ def test_calibrate_steps_report_tells_a_wrong_chain_from_a_wrong_gather():
 
 
 def test_first_departure_names_the_token_of_the_step_where_the_chain_goes_wrong():
-    """calibrate.first_departure_token on hand-written LEGO delta chains (steps `name value`): a wrong
-    name is token 0, a wrong value token 1, a chain that stops early or goes on is token 2 (the
-    separator or the end after a 2-token step); the example's own chain, however spaced, is None."""
-    calibrate = load_calibrate()
+    """first_departure_token on hand-written LEGO delta chains (steps `name value`): a wrong name is
+    token 0, a wrong value token 1, a chain that stops early or goes on is token 2 (the separator or
+    the end after a 2-token step); the example's own chain, however spaced, is None."""
+    from stabray.evaluate.metrics import first_departure_token as first
+
     steps = ("f 3", "k 0", "b 5")
-    first = calibrate.first_departure_token
     assert first(steps, "f 3, k 0, b 5 | [b 5 f 3 k 0]") is None
     assert first(steps, "f 3 , k 0 ,b 5|[x]") is None  # spacing is not content
     assert first(steps, "f 3, b 0, k 5 | [b 0 f 3 k 5]") == 0  # the wrong variable second
@@ -790,15 +800,16 @@ def test_final_difference_counts_short_answers_and_cut_off_ones():
 
 
 def test_departures_count_every_answer_whose_steps_are_wrong():
-    """calibrate.departures counts each answer steps_match calls wrong exactly once, and none it calls
-    right: on the chains of 60 LEGO delta examples and their damaged copies (a token changed, a step
-    dropped or added, the '|' or the answer dropped, the text cut anywhere)."""
+    """departures counts each answer steps_match calls wrong exactly once, and none it calls right: on
+    the chains of 60 LEGO delta examples and their damaged copies (a token changed, a step dropped or
+    added, the '|' or the answer dropped, the text cut anywhere). departure_shares (the trial's
+    val_departure_tok<k>) are those counts over all the examples, with every token of a step and its
+    end present."""
     import numpy as np
 
-    from stabray.evaluate.metrics import steps_match
+    from stabray.evaluate.metrics import departure_shares, departures, first_departure_token, steps_match
     from stabray.tasks import get_task
 
-    calibrate = load_calibrate()
     task = get_task("lego_cyclic", n_vars=4, named_states=True, trace="delta")
     rng = np.random.RandomState(0)
     exs, texts = [], []
@@ -821,11 +832,16 @@ def test_departures_count_every_answer_whose_steps_are_wrong():
             exs.append(ex)
             texts.append(text)
     same = steps_match(exs, texts)
-    counted = calibrate.departures(exs, texts)
+    counted = departures(exs, texts)
     assert 0 < sum(same) < len(same)
     assert sum(counted.values()) == len(same) - sum(same)
-    where = [calibrate.first_departure_token(e.steps, t) for e, t in zip(exs, texts)]
+    where = [first_departure_token(e.steps, t) for e, t in zip(exs, texts)]
     assert [w is None for w in where] == same
+    shares = departure_shares(exs, texts)
+    assert list(shares) == [0, 1, 2]  # a delta step is two tokens (`f 3`); 2 is its end
+    assert shares == {k: where.count(k) / len(exs) for k in range(3)}
+    assert sum(shares.values()) == pytest.approx(1 - np.mean(same))
+    assert departure_shares(exs[:8], texts[:8][:1] * 8) == {0: 0.0, 1: 0.0, 2: 0.0}  # all right: zeros, not gaps
 
 
 def tiny_calibration(epochs: int) -> list[str]:

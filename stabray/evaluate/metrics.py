@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from stabray.data.encode import IGNORE, Encoder
 from stabray.evaluate.generate import generate_per_input
 from stabray.models.positions import by_input_stride
-from stabray.tasks.base import END, FINAL_SEP, Example, Task, extract_final, extract_steps
+from stabray.tasks.base import END, FINAL_SEP, STEP_SEP, Example, Task, extract_final, extract_steps, normalize_answer
 
 
 @dataclass
@@ -24,6 +24,9 @@ class EvalResult:
     # fraction of answers whose written chain is the example's, token for token; None when the
     # method's evaluation chain is not the whole chain (`writes_whole_chain`)
     steps_acc: float | None = None
+    # with steps_acc: the fraction of answers whose written chain first goes off the example's at
+    # token k of a step, for every k from 0 to the longest step's end (`departure_shares`)
+    departures: dict[int, float] | None = None
 
 
 def writes_whole_chain(method, examples: list[Example]) -> bool:
@@ -37,6 +40,52 @@ def writes_whole_chain(method, examples: list[Example]) -> bool:
 def steps_match(examples: list[Example], texts: list[str]) -> list[bool]:
     """Per example, whether the generated chain (the text before the last '|') is the example's."""
     return [extract_steps(t) == extract_steps(ex.answer) for ex, t in zip(examples, texts)]
+
+
+def first_departure_token(steps, text: str) -> int | None:
+    """Where a written chain first departs from the example's `steps`, as the index of that token
+    within its step (normalized tokens, `normalize_answer`); the step separator after a step of m
+    tokens, and the end of the chain (the '|' before the final answer), count as token m. A text
+    with no '|' is a chain that never ended: all of it is compared, and if it holds the whole chain
+    it departs at the missing end. None only when the chain is the example's, '|' included. For a
+    LEGO `delta_op` step (`f 2 3`: name, operation, value), 0 is a wrong variable (the clause
+    lookup), 1 a wrong operation, 2 a wrong value, 3 a chain that stops, goes on where it should
+    not, or never ends."""
+    written = extract_steps(text)
+    ended = written is not None
+    have = (written if ended else normalize_answer(text)).split()
+    gold, at = [], []  # the example's chain token by token, and each token's index within its step
+    sep = normalize_answer(STEP_SEP).split()
+    for j, step in enumerate(steps):
+        toks = normalize_answer(step).split()
+        tail = sep if j < len(steps) - 1 else []
+        gold += toks + tail
+        at += list(range(len(toks))) + [len(toks)] * len(tail)
+    for k, tok in enumerate(gold):
+        if k >= len(have) or have[k] != tok:
+            return at[k]
+    if len(have) > len(gold) or not ended:
+        return len(normalize_answer(steps[-1]).split()) if steps else 0
+    return None
+
+
+def departures(examples: list[Example], texts: list[str]) -> dict[str, int]:
+    """Over the written chains that are not the example's (every one `steps_match` calls wrong, a
+    chain that never reaches '|' included): how many first depart from it at each token of a step
+    ({"0": 12, "1": 40}; `first_departure_token`)."""
+    where = [first_departure_token(e.steps, t) for e, t in zip(examples, texts)]
+    return {str(i): where.count(i) for i in sorted({w for w in where if w is not None})}
+
+
+def departure_shares(examples: list[Example], texts: list[str]) -> dict[int, float]:
+    """`departures` as fractions of all the examples, with every token index from 0 to the longest
+    step's end present (0.0 where no chain goes off), so a per-epoch curve has a point at every
+    epoch; they add up to 1 - steps_acc."""
+    counts = departures(examples, texts)
+    last = max((len(normalize_answer(s).split()) for ex in examples for s in ex.steps), default=0)
+    last = max([last, *(int(k) for k in counts)])
+    n = max(len(examples), 1)
+    return {k: counts.get(str(k), 0) / n for k in range(last + 1)}
 
 
 def _find_last(seq: list[int], sub: tuple[int, ...]) -> int:
@@ -110,6 +159,7 @@ def evaluate_split(
     res = EvalResult(acc=float(np.mean(correct)) if correct else 0.0, n=len(examples), predictions=texts)
     if writes_whole_chain(method, examples):
         res.steps_acc = float(np.mean(steps_match(examples, texts)))
+        res.departures = departure_shares(examples, texts)
     if loss_gap:
         sep = encoder.ids(FINAL_SEP.strip())
         gold, own = [], []

@@ -22,7 +22,7 @@ from stabray.evaluate.metrics import evaluate_split
 from stabray.methods import get_method
 from stabray.models.build import LoraSpec, ModelSpec, build_model, load_tokenizer
 from stabray.models.positions import set_length_ratio
-from stabray.record import acc_metric, steps_metric, trivial_metric
+from stabray.record import acc_metric, departure_metric, steps_metric, trivial_metric
 from stabray.tasks import get_task
 from stabray.train.loop import Trainer, pick_device
 from stabray.train.runner import (
@@ -224,14 +224,16 @@ class TrialRun(Runner):
         return float(res.eaf)
 
     def epoch(self) -> dict[str, float]:
-        """Train one epoch, then validate: train_loss, val_acc (and steps_val_acc for a method that
-        writes the whole chain), eaf, times."""
+        """Train one epoch, then validate: train_loss, val_acc (and for a method that writes the
+        whole chain steps_val_acc and val_departure_tok<k>), eaf, times."""
         m = self.trainer.train_epoch()
         t0 = time.perf_counter()
         v = self.evaluate("val", self.cfg.eval.val_examples)
         m["val_acc"] = v.acc
         if v.steps_acc is not None:  # the written chain's learning curve beside the answer's
             m[steps_metric("val")] = v.steps_acc
+        for token, share in (v.departures or {}).items():  # and at which token of a step it goes off
+            m[departure_metric(token)] = share
         m["val_time_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         e = self.eaf("val") if self.eaf_due else None
