@@ -81,11 +81,11 @@ def departure_shares(examples: list[Example], texts: list[str]) -> dict[int, flo
     """`departures` as fractions of all the examples, with every token index from 0 to the longest
     step's end present (0.0 where no chain goes off), so a per-epoch curve has a point at every
     epoch; they add up to 1 - steps_acc."""
-    counts = departures(examples, texts)
-    last = max((len(normalize_answer(s).split()) for ex in examples for s in ex.steps), default=0)
-    last = max([last, *(int(k) for k in counts)])
+    where = [first_departure_token(e.steps, t) for e, t in zip(examples, texts)]
+    longest = max((len(normalize_answer(s).split()) for ex in examples for s in ex.steps), default=0)
+    last = max([longest, *(w for w in where if w is not None)])
     n = max(len(examples), 1)
-    return {k: counts.get(str(k), 0) / n for k in range(last + 1)}
+    return {k: where.count(k) / n for k in range(last + 1)}
 
 
 def _find_last(seq: list[int], sub: tuple[int, ...]) -> int:
