@@ -266,8 +266,10 @@ SIZED_METRICS: dict[str, Metric] = {
 _SIZED_METRIC = re.compile(r"(trivial_|steps_)?test_acc_n(\d+)")
 _SIZED_ORDER = {"": 0, "trivial_": 1, "steps_": 2}  # each accuracy, its floor, then its chain's
 
-# Where the wrong written chains go off, every epoch (a method that writes the whole chain): one
-# metric per token index k of a step, `val_departure_tok0`, `val_departure_tok1`, ...
+# Where the wrong written chains go off (a method that writes the whole chain): one metric per token
+# index k of a step, every epoch on validation (`val_departure_tok0`, `val_departure_tok1`, ...) and at
+# the end on each test split (`test_departure_tok0`, `test_long_departure_tok0`, and for a split at an
+# explicit size `test_departure_tok0_n6`, the size last as in `test_acc_n6`).
 DEPARTURE_METRIC = Metric(
     "val_departure_tok<k>",
     "epoch",
@@ -277,7 +279,16 @@ DEPARTURE_METRIC = Metric(
     "stops, goes on or never ends); over k they add up to 1 - steps_val_acc",
     runners=_TEXT,
 )
+FINAL_DEPARTURE_METRIC = Metric(
+    "test_departure_tok<k>",
+    "final",
+    "fraction of the test answers whose written chain first goes off the example's at token k of a "
+    "step (val_departure_tok<k>'s measure on a test split; test_long_departure_tok<k> on test_long, "
+    "test_departure_tok<k>_n<size> on the inputs of that size); over k they add up to 1 - its steps_ metric",
+    runners=_TEXT,
+)
 _DEPARTURE_METRIC = re.compile(r"val_departure_tok(\d+)")
+_FINAL_DEPARTURE_METRIC = re.compile(r"test(?:_long|_longer)?_departure_tok(\d+)|test_departure_tok(\d+)_n(\d+)")
 
 
 def acc_metric(split: str) -> str:
@@ -297,9 +308,17 @@ def steps_metric(split: str) -> str:
     return "steps_" + acc_metric(split)
 
 
-def departure_metric(token: int) -> str:
-    """The per-epoch metric of the validation chains that first go off at token `token` of a step."""
-    return f"val_departure_tok{token}"
+def departure_metric(token: int, split: str = "val") -> str:
+    """The metric of a split's written chains that first go off at token `token` of a step:
+    val_departure_tok2 (every epoch), test_long_departure_tok2, test_departure_tok2_n6 (test_n6)."""
+    m = re.fullmatch(r"test_n(\d+)", split)
+    return f"test_departure_tok{token}_n{m.group(1)}" if m else f"{split}_departure_tok{token}"
+
+
+def is_departure_metric(name: str, when: str = "epoch") -> bool:
+    """Whether a name is one of the departure metrics logged every epoch (`when="epoch"`:
+    val_departure_tok<k>) or at the end (`"final"`: the test splits')."""
+    return bool((_DEPARTURE_METRIC if when == "epoch" else _FINAL_DEPARTURE_METRIC).fullmatch(name))
 
 
 def declared(name: str) -> Metric | None:
@@ -311,6 +330,8 @@ def declared(name: str) -> Metric | None:
         return SIZED_METRICS[f"{m.group(1) or ''}test_acc_n<k>"]
     if _DEPARTURE_METRIC.fullmatch(name):
         return DEPARTURE_METRIC
+    if _FINAL_DEPARTURE_METRIC.fullmatch(name):
+        return FINAL_DEPARTURE_METRIC
     return None
 
 
@@ -320,10 +341,13 @@ def describe_metric(name: str, runner: str = "text") -> str:
     if m is None:
         return ""
     size = _SIZED_METRIC.fullmatch(name)
-    token = _DEPARTURE_METRIC.fullmatch(name)
     text = m.describe(runner)
-    if token:
+    if token := _DEPARTURE_METRIC.fullmatch(name):
         return text.replace("token k", f"token {token.group(1)}")
+    if token := _FINAL_DEPARTURE_METRIC.fullmatch(name):
+        k, n = token.group(1) or token.group(2), token.group(3)
+        where = f"answers on test inputs of size {n}" if n else f"{name.split('_departure')[0]} answers"
+        return text.replace("token k", f"token {k}").replace("the test answers", f"the {where}", 1)
     return text.replace("size k", f"size {size.group(2)}") if size else text
 
 
@@ -336,7 +360,9 @@ def sized_metric_names(names) -> list[str]:
 
 def is_metric(key: str) -> bool:
     """Whether a reported key is a declared metric (what the MLflow callback logs)."""
-    return key in METRICS or any(p.fullmatch(key) for p in (_CURVE_METRIC, _SIZED_METRIC, _DEPARTURE_METRIC))
+    return key in METRICS or any(
+        p.fullmatch(key) for p in (_CURVE_METRIC, _SIZED_METRIC, _DEPARTURE_METRIC, _FINAL_DEPARTURE_METRIC)
+    )
 
 
 def metric_names(when: str | None = None, group: str | None = "science", runner: str | None = None) -> list[str]:

@@ -19,11 +19,16 @@ CONFIG = {
     "seed": 0,
 }
 # per epoch: a NaN and both infinities among the curves (MLflow keeps NaN, stores +-inf as +-float max)
+# and where the wrong validation chains go off (val_departure_tok<k>: a family, not in CURVES by name)
 RESULTS = [
-    {"train_loss": 1.5, "val_acc": 0.25, "val_eaf": 2.0, "epoch": 1},
-    {"train_loss": math.inf, "val_acc": math.nan, "val_eaf": 3.5, "epoch": 2},
-    {"train_loss": 0.5, "val_acc": 0.75, "val_eaf": -math.inf, "epoch": 3, "test_acc": 0.7, "best_val_acc": 0.75},
-]
+    {"train_loss": 1.5, "val_acc": 0.25, "val_eaf": 2.0, "epoch": 1, "val_departure_tok0": 0.5,
+     "val_departure_tok1": 0.25},
+    {"train_loss": math.inf, "val_acc": math.nan, "val_eaf": 3.5, "epoch": 2, "val_departure_tok0": 0.25,
+     "val_departure_tok1": 0.25},
+    {"train_loss": 0.5, "val_acc": 0.75, "val_eaf": -math.inf, "epoch": 3, "test_acc": 0.7, "best_val_acc": 0.75,
+     "val_departure_tok0": 0.0, "val_departure_tok1": 0.25, "test_departure_tok0": 0.3},
+]  # fmt: skip
+DRAWN = (*CURVES, "val_departure_tok0", "val_departure_tok1")  # what the closing figure plots
 
 
 def same(a, b) -> bool:
@@ -55,7 +60,7 @@ def test_trial_run_and_closing_figure(tmp_path, monkeypatch):
     trial = SimpleNamespace(trial_id="t1", config=CONFIG, last_result=None)
     run_trial(cb, trial, RESULTS)
     rid = cb.runs["t1"]
-    logged = {k: store.history(rid, k) for k in CURVES}
+    logged = {k: store.history(rid, k) for k in DRAWN}
     assert [s for s, _ in logged["train_loss"]] == [1, 2, 3]  # the re-reported epoch 1 was skipped
     assert logged["train_loss"][1][1] == math.copysign(1.7976931348623157e308, 1.0)  # how MLflow keeps inf
     ((title, hist),) = drawn
@@ -85,8 +90,9 @@ def test_trial_run_and_closing_figure(tmp_path, monkeypatch):
     t2.last_result = {**RESULTS[2], "training_iteration": 3}
     restored.on_trial_complete(0, [t2], t2)
     ((_, hist),) = drawn
-    logged = {k: store.history(cb.runs["t2"], k) for k in CURVES}
+    logged = {k: store.history(cb.runs["t2"], k) for k in DRAWN}
     assert [s for s, _ in logged["val_eaf"]] == [1, 2, 3] and same(hist, logged)
+    assert [v for _, v in logged["val_departure_tok0"]] == [0.5, 0.25, 0.0]
     assert store.status(cb.runs["t2"]) == "FINISHED"
 
 
@@ -140,3 +146,32 @@ def test_a_sqlite_stores_artifacts_sit_beside_its_database_not_in_the_working_di
     for name, folder in (("..", "_"), (".", "_"), ("/", "_"), ("a..b", "a..b"), ("x y", "x_y")):
         assert artifact_location(f"sqlite:///{db}", name) == (db.parent / "mlruns" / folder).as_uri()
     assert artifact_location("http://127.0.0.1:5000", "x") is None  # a server's own default
+
+
+def test_closing_figure_stacks_the_departures_in_one_panel():
+    """The val_departure_tok<k> share one stacked panel after the per-metric ones: its layers are the
+    shares by token and its top edge their sum (1 - steps_val_acc), an epoch missing a token's point
+    counting 0 for it."""
+    import numpy as np
+
+    hist = {
+        "train_loss": [(1, 2.0), (2, 1.0), (3, 0.5)],
+        "steps_val_acc": [(1, 0.25), (2, 0.5), (3, 0.75)],
+        "val_departure_tok1": [(1, 0.25), (2, 0.25), (3, 0.25)],
+        "val_departure_tok0": [(1, 0.5), (2, 0.25)],
+        "val_eaf": [],
+    }
+    fig = plots.trial_curves(hist, "t")
+    try:
+        axes = fig.get_axes()
+        assert [ax.get_title() for ax in axes] == ["train_loss", "steps_val_acc", "val_departure_tok<k> (stacked)"]
+        layers = axes[-1].collections
+        assert [c.get_label() for c in layers] == ["token 0", "token 1"]
+        top = layers[-1].get_paths()[0].vertices
+        tops = {e: max(y for x, y in top if np.isclose(x, e)) for e in (1, 2, 3)}  # the last layer's upper edge
+        want = {1: 0.75, 2: 0.5, 3: 0.25}
+        assert all(np.isclose(tops[e], v) for e, v in want.items())
+        assert [1 - v for _, v in hist["steps_val_acc"]] == list(want.values())
+    finally:
+        plots.close(fig)
+    assert plots.trial_curves({"val_departure_tok0": []}) is None

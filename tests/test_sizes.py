@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 
 import numpy as np
@@ -337,6 +338,18 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
     assert dep == {f"val_departure_tok{k}": pytest.approx(where.count(k) / len(exs)) for k in range(longest + 1)}
     assert sum(dep.values()) == pytest.approx(1 - epoch["steps_val_acc"])
     assert "token 2 of a step" in describe_metric("val_departure_tok2")
+    # the same count at the end on each test split, the sized ones named with the size last (as test_acc_n6)
+    for split, name in (("test", "test_departure_tok{}"), ("test_n5", "test_departure_tok{}_n5"),
+                        ("test_n6", "test_departure_tok{}_n6")):  # fmt: skip
+        exs, preds = run.data[split], run.evaluate(split).predictions
+        where = [first_departure_token(e.steps, p) for e, p in zip(exs, preds)]
+        longest = max(len(normalize_answer(s).split()) for e in exs for s in e.steps)
+        got = {k: v for k, v in final.items() if re.fullmatch(name.format(r"\d+"), k)}
+        assert got == {name.format(k): pytest.approx(where.count(k) / len(exs)) for k in range(longest + 1)}
+        assert sum(got.values()) == pytest.approx(1 - final[steps_metric(split)])
+    assert "token 1 of a step" in describe_metric("test_departure_tok1_n6")
+    assert "test inputs of size 6" in describe_metric("test_departure_tok1_n6")
+    assert "test_long answers" in describe_metric("test_long_departure_tok0")
     assert {e.meta["n"] for e in run.data["test_n6"]} == {6} and {e.meta["n"] for e in run.data["test"]} <= {3, 4}
     # each floor against the two Dijkstra rules computed here from the graph alone, on the very examples evaluated
     by_rule = {

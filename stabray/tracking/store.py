@@ -442,6 +442,10 @@ class Store:
         hist = self.client.get_metric_history(run_id, logged_name(key))
         return max((m.step for m in hist), default=0)
 
+    def metric_keys(self, run_id: str) -> list[str]:
+        """The declared names of every metric a run has logged (sys/ prefix taken off)."""
+        return [record_name(k) for k in self.client.get_run(run_id).data.metrics]
+
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """(step, value) of every value logged for a metric, by step."""
         return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, logged_name(key)))

@@ -247,21 +247,21 @@ class TrialRun(Runner):
     def final(self) -> dict[str, float]:
         """Test and length-generalization accuracy (test_acc, test_long_acc or test_acc_n<k>), each
         with the best trivial rule's accuracy on the same examples beside it (trivial_<metric>) and,
-        for a method that writes the whole chain, how often the chain is right (steps_<metric>);
-        loss gap and EAF on the test split."""
+        for a method that writes the whole chain, how often the chain is right (steps_<metric>) and
+        where the wrong ones go off (test_departure_tok<k>, ...); loss gap and EAF on the test split."""
         ev = self.cfg.eval
         # No CoT: both prefixes of the loss gap are the prompt, so it is 0 by construction: not logged
         t = self.evaluate("test", loss_gap=ev.loss_gap and self.method.chain_at_eval)
-        out: dict[str, float] = {"test_acc": t.acc}
+        out: dict[str, float] = {}
         if t.loss_gap is not None:
             out["test_loss_gap"] = t.loss_gap
-        if t.steps_acc is not None:
-            out[steps_metric("test")] = t.steps_acc
-        for s in self.long_splits:
-            r = self.evaluate(s)
+        for s in ("test", *self.long_splits):
+            r = t if s == "test" else self.evaluate(s)
             out[acc_metric(s)] = r.acc
             if r.steps_acc is not None:
                 out[steps_metric(s)] = r.steps_acc
+            for token, share in (r.departures or {}).items():
+                out[departure_metric(token, s)] = share
         out.update(self.trivial_accuracy())
         e = self.eaf("test")
         if e is not None:

@@ -16,7 +16,16 @@ from typing import Any
 from ray.tune import Callback
 
 from stabray.config import get_path
-from stabray.record import KERNEL_KEYS, STABILITY_TABLE, is_metric, is_trial_config, run_name, trial_params, unwrap
+from stabray.record import (
+    KERNEL_KEYS,
+    STABILITY_TABLE,
+    is_departure_metric,
+    is_metric,
+    is_trial_config,
+    run_name,
+    trial_params,
+    unwrap,
+)
 from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, TAG_CHARS, numeric_metrics
 from stabray.tune.eaf_stop import STOPPER_WORDS
@@ -202,8 +211,8 @@ class MLflowTuneCallback(Callback):
         self.store.log_metrics(rid, metrics, step=step)
         if trial.trial_id in self.curves:
             for k, v in numeric_metrics(metrics).items():
-                if k in CURVES:
-                    self.curves[trial.trial_id][k].append((step, as_stored(v)))
+                if k in CURVES or is_departure_metric(k):
+                    self.curves[trial.trial_id].setdefault(k, []).append((step, as_stored(v)))
         table = result.get(STABILITY_TABLE)
         if table:
             log_stability_table(self.store, rid, table)
@@ -271,11 +280,12 @@ class MLflowTuneCallback(Callback):
             print(f"stabray: could not plot trial {trial.trial_id}: {e}")
 
     def _curves(self, trial_id: str, rid: str) -> dict[str, list[tuple[int, float]]]:
-        """CURVES as MLflow holds them: from memory for a trial this session logged from its first
-        epoch, else read back."""
+        """CURVES and the val_departure_tok<k> as MLflow holds them: from memory for a trial this
+        session logged from its first epoch, else read back."""
         if trial_id in self.fresh and trial_id in self.curves:
             return self.curves[trial_id]
-        return {k: self.store.history(rid, k) for k in CURVES}
+        departures = sorted(k for k in self.store.metric_keys(rid) if is_departure_metric(k))
+        return {k: self.store.history(rid, k) for k in (*CURVES, *departures)}
 
     def on_trial_error(self, iteration, trials, trial, **info):
         rid = self._run_id(trial)

@@ -25,12 +25,18 @@ def _plt():
 
 
 def trial_curves(histories: dict[str, list[tuple[int, float]]], title: str = ""):
-    """One panel per metric (e.g. train_loss, val_acc, val_eaf) against the epoch; None when empty."""
-    series = {k: v for k, v in histories.items() if v}
-    if not series:
+    """One panel per metric (e.g. train_loss, val_acc, val_eaf) against the epoch, and the
+    val_departure_tok<k> together in one stacked panel (its top edge is 1 - steps_val_acc); None
+    when empty."""
+    from stabray.record import is_departure_metric
+
+    series = {k: v for k, v in histories.items() if v and not is_departure_metric(k)}
+    departures = {k: v for k, v in histories.items() if v and is_departure_metric(k)}
+    panels = len(series) + bool(departures)
+    if not panels:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(series), figsize=(3.4 * len(series), 2.9), squeeze=False)
+    fig, axes = plt.subplots(1, panels, figsize=(3.4 * panels, 2.9), squeeze=False)
     for ax, (name, points) in zip(axes[0], series.items()):
         ax.plot([s for s, _ in points], [v for _, v in points], "o-", markersize=3)
         ax.set_title(name, fontsize=10)
@@ -38,10 +44,26 @@ def trial_curves(histories: dict[str, list[tuple[int, float]]], title: str = "")
         ax.grid(alpha=0.3)
         if name.endswith("acc"):
             ax.set_ylim(-0.03, 1.03)
+    if departures:
+        _departure_panel(axes[0][-1], departures)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _departure_panel(ax, departures: dict[str, list[tuple[int, float]]]) -> None:
+    """Where the wrong validation chains first go off, by token of a step, stacked per epoch (an
+    epoch a token has no point at counts 0 for it)."""
+    keys = sorted(departures, key=lambda k: int(k.rsplit("tok", 1)[1]))
+    epochs = sorted({s for k in keys for s, _ in departures[k]})
+    shares = [[dict(departures[k]).get(e, 0.0) for e in epochs] for k in keys]
+    ax.stackplot(epochs, shares, labels=[f"token {k.rsplit('tok', 1)[1]}" for k in keys], alpha=0.8)
+    ax.set_title("val_departure_tok<k> (stacked)", fontsize=10)
+    ax.set_xlabel("epoch")
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
 
 
 def sweep_val_acc(trials: list[dict[str, Any]], epochs: int | None = None):
