@@ -393,9 +393,10 @@ def record_name(logged: str) -> str:
     return logged[len(SYS_PREFIX) :] if logged.startswith(SYS_PREFIX) else logged
 
 
-def searchable_metrics() -> list[str]:
-    """Metrics a sweep may optimise and ASHA may stop on: science metrics reported every epoch."""
-    return metric_names(when="epoch")
+def searchable_metrics(runner: str | None = None) -> list[str]:
+    """Metrics a sweep may optimise and ASHA may stop on: science metrics reported every epoch (by
+    trials of that runner, "text" or "icl", when given)."""
+    return metric_names(when="epoch", runner=runner)
 
 
 # Key of a final result that holds the eq. (4) table (a list of rows, not a metric), and its row layout.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,9 @@ def space_path(key: str) -> str:
 MAX_ENUMERATED = 1024  # a randint range up to this many values is checked value by value
 
 
+MAX_COMBINATIONS = 512  # combinations of checked points a chain objective is judged on
+
+
 def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
     """Values to check per searched path, so that every value a distribution can produce builds a
     valid trial: every choice; every integer of a randint range (above MAX_ENUMERATED values,
@@ -246,6 +250,86 @@ def _trial_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
         except (UserError, TypeError) as e:
             return field, str(e)
     return None
+
+
+# Per-epoch objectives that not every text trial reports: a trial that does not would fail the sweep at
+# its first result (Ray's strict metric check), so the spec validator asks `_objective_problem` first.
+PARTIAL_OBJECTIVES = ("val_eaf", "steps_val_acc")
+
+
+def _objective_problem(trial: dict[str, Any], metric: str) -> str | None:
+    """Why a text trial would not report the per-epoch objective `metric` at every epoch, or None.
+    val_eaf: off (eval.eaf_examples 0), measured only every eval.eaf_every > 1 epochs, or a method that
+    answers without a chain (No CoT, Implicit CoT: the sum over steps is empty). steps_val_acc: a
+    method whose evaluation chain is not each example's whole chain (No CoT, Implicit CoT, Coconut,
+    Algorithm 1 or MTP at lam < 1), judged on a few examples of the task at each in-distribution size,
+    as `stabray.evaluate.metrics.writes_whole_chain` judges the validation split."""
+    import numpy as np
+
+    from stabray.evaluate.metrics import writes_whole_chain
+    from stabray.methods import get_method
+    from stabray.tasks import get_task
+
+    cfg = TrialConfig.model_validate(trial)
+    method = get_method(cfg.method.name, **cfg.method.params)
+    if metric == "val_eaf":
+        if cfg.eval.eaf_examples == 0:
+            return "val_eaf is not measured: eval.eaf_examples is 0"
+        if cfg.eval.eaf_every != 1:
+            return (
+                f"val_eaf is measured every eval.eaf_every = {cfg.eval.eaf_every} epochs, so the epochs between "
+                "would report no objective; set eval.eaf_every: 1"
+            )
+        if not method.steps_at_eval:
+            return (
+                f"method {cfg.method.name!r} answers without a chain at evaluation, so its trials log no val_eaf "
+                "(the sum over steps is empty); optimise val_acc"
+            )
+        return None
+    task = get_task(cfg.task.name, **cfg.task.params)
+    rng = np.random.RandomState(0)
+    examples = [task.sample(rng, n) for n in task.in_dist_sizes for _ in range(4)]
+    if writes_whole_chain(method, examples):
+        return None
+    return (
+        f"{metric} scores the written chain against each example's whole chain, which method "
+        f"{cfg.method.name!r} does not write at evaluation here, so its trials would never report it; "
+        "optimise val_acc, or use a method that writes every step (sft_cot, qat, alg1 at lam 1)"
+    )
+
+
+def _check_objective(
+    spec: SweepSpec, base: dict[str, Any], points: dict[str, list[Any]], where: str, field: str, metric: str
+) -> None:
+    """A SpecError unless every trial the search can make reports `metric` every epoch
+    (`_objective_problem`): over the combinations of the checked points (`sample_points`), the field
+    to blame is the objective itself when no combination reports it (the method, say No CoT), else
+    the searched key whose value takes it away (Algorithm 1's lam below 1 for steps_val_acc)."""
+    keys = list(points)
+    combos = [dict(zip(keys, vs)) for vs in itertools.islice(itertools.product(*points.values()), MAX_COMBINATIONS)]
+
+    def trial(combo: dict[str, Any]) -> dict[str, Any]:
+        t = copy.deepcopy(base)
+        for k, v in combo.items():
+            set_path(t, space_path(k), v)
+        return t
+
+    problems = [(c, _objective_problem(trial(c), metric)) for c in combos]
+    failing = next(((c, why) for c, why in problems if why is not None), None)
+    if failing is None:
+        return
+    passing = next((c for c, why in problems if why is None), None)
+    combo, why = failing
+    if passing is None:
+        raise SpecError(where, field, why)
+    for k in keys:  # move the failing trial toward the passing one, one key at a time
+        bad = combo[k]
+        combo = {**combo, k: passing[k]}
+        if _objective_problem(trial(combo), metric) is None:
+            raise SpecError(
+                where, f"search.space.{k}", f"{_describe(spec.search.space[k], bad)}: {why}", related=(field,)
+            )
+    raise SpecError(where, field, why)  # unreachable: the last step reaches the passing trial
 
 
 def _describe(dist: Dist, value: Any) -> str:
@@ -325,13 +409,17 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
         ranged = [k for k, d in spec.search.space.items() if d.kind() != "choice"]
         if ranged:
             raise SpecError(where, f"search.space.{ranged[0]}", "a grid search takes only `choice` distributions")
-    per_epoch = searchable_metrics()
+    runner = TASKS.get(spec.task.name).runner  # the metrics its trials report
+    per_epoch = searchable_metrics(runner)
+    allowed = f"must be a per-epoch metric that {spec.task.name} trials report ({', '.join(per_epoch)})"
     s = spec.search
     if s.multi:
         for i, m in enumerate(s.metrics or []):
             if m not in per_epoch:
                 raise SpecError(
-                    where, f"search.metrics.{i}", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {m!r}"
+                    where,
+                    f"search.metrics.{i}",
+                    f"{allowed}, got {m!r}",
                 )
         if s.scheduler == "asha":
             raise SpecError(
@@ -342,7 +430,13 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             )
     elif s.metric not in per_epoch:
         raise SpecError(
-            where, "search.metric", f"must be a per-epoch metric ({', '.join(per_epoch)}), got {s.metric!r}"
+            where,
+            "search.metric",
+            f"{allowed}, got {s.metric!r}",
         )
+    objectives = list(s.metrics or []) if s.multi else [s.metric]
+    for i, metric in enumerate(objectives):
+        if runner == "text" and metric in PARTIAL_OBJECTIVES:
+            _check_objective(spec, base, points, where, f"search.metrics.{i}" if s.multi else "search.metric", metric)
     if s.eaf_stop is not None and spec.eval.eaf_examples == 0:
         raise SpecError(where, "search.eaf_stop", "needs the per-epoch EAF, but eval.eaf_examples is 0")

@@ -100,6 +100,12 @@ CASES = [
     ("eaf_chain_unknown", ["sweep", "dijkstra", "--set", "eval.eaf_chain=own"], {}, ["--set eval.eaf_chain=own", "'gold' or 'generated'"]),
     ("icl_last_target_unknown", ["sweep", "icl_linear", "--set", "task.params.last_target=theta"], {}, ["last_target must be 'star' or 'gd'", "'theta'"]),
     ("space_value_not_a_distribution", ["sweep", "dijkstra", "--set", "search.space.lr=0.01"], {}, ["--set search.space.lr=0.01", "search.space.lr: expected a distribution", "{choice: [0.01]}"]),
+    # -- sweep: objectives a trial would not report (Ray would fail the sweep at the first result)
+    ("objective_of_another_runner", ["sweep", "dijkstra", "--set", "search.metric=val_infer_star"], {}, ["search.metric", "a per-epoch metric that dijkstra trials report", "'val_infer_star'"]),
+    ("chain_objective_without_a_chain", ["sweep", "dijkstra", "--set", "search.metric=steps_val_acc", "--method", "no_cot"], {}, ["search.metric", "steps_val_acc scores the written chain", "method 'no_cot' does not write"]),
+    ("chain_objective_compressed", ["sweep", "dijkstra", "--set", "search.metric=steps_val_acc"], {}, ["search.space.lam", "value 0.1", "method 'alg1' does not write"]),
+    ("eaf_objective_every_other_epoch", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--set", "eval.eaf_every=2"], {}, ["search.metric", "every eval.eaf_every = 2 epochs", "eval.eaf_every: 1"]),
+    ("eaf_objective_without_a_chain", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--method", "no_cot"], {}, ["search.metric", "'no_cot' answers without a chain", "no val_eaf"]),
     ("two_distributions", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"choice": [1e-3], "uniform": [1e-3, 2e-3]}}})}, ["search.space.lr", "exactly one of"]),
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),

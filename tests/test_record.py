@@ -161,6 +161,17 @@ def test_search_metrics_come_from_the_record(tmp_path):
     assert not {"epoch_time_s", "test_acc"} & set(searchable_metrics())  # timings and final metrics: no
     with pytest.raises(SpecError, match="search.metric"):
         load_spec("dijkstra", {"search.metric": "epoch_time_s"})
+    # an objective only some trials report validates where every trial of the search reports it
+    # (tests/test_bad_input.py has the refusals): the written chain's score with a whole-chain method,
+    # Algorithm 1 at lam 1 included, and the EAF measured every epoch
+    whole = {"search.metric": "steps_val_acc", "search.space.lam": None}
+    for over in ({**whole, "method.name": "sft_cot", "search.space.bits": None}, {**whole, "method.params.lam": 1.0}):
+        spec, _ = load_spec("dijkstra", over)
+        assert spec.search.metric == "steps_val_acc"
+    spec, _ = load_spec("dijkstra", {"search.metric": "val_eaf", "search.mode": "min"})
+    assert spec.search.metric == "val_eaf" and spec.eval.eaf_every == 1
+    with pytest.raises(SpecError, match="search.space.lam: value 0.5"):
+        load_spec("dijkstra", {"search.metric": "steps_val_acc", "search.space.lam": {"choice": [1.0, 0.5]}})
     assert all(m.meaning for m in METRICS.values())
 
 
