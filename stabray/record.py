@@ -315,10 +315,9 @@ def departure_metric(token: int, split: str = "val") -> str:
     return f"test_departure_tok{token}_n{m.group(1)}" if m else f"{split}_departure_tok{token}"
 
 
-def is_departure_metric(name: str, when: str = "epoch") -> bool:
-    """Whether a name is one of the departure metrics logged every epoch (`when="epoch"`:
-    val_departure_tok<k>) or at the end (`"final"`: the test splits')."""
-    return bool((_DEPARTURE_METRIC if when == "epoch" else _FINAL_DEPARTURE_METRIC).fullmatch(name))
+def is_departure_metric(name: str) -> bool:
+    """Whether a name is one of the per-epoch departure metrics (val_departure_tok<k>)."""
+    return bool(_DEPARTURE_METRIC.fullmatch(name))
 
 
 def declared(name: str) -> Metric | None:

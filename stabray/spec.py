@@ -203,7 +203,7 @@ def space_path(key: str) -> str:
 MAX_ENUMERATED = 1024  # a randint range up to this many values is checked value by value
 
 
-MAX_COMBINATIONS = 512  # combinations of checked points a chain objective is judged on
+MAX_COMBINATIONS = 512  # combinations of checked points an objective not every trial reports is judged on
 
 
 def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
@@ -416,11 +416,7 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
     if s.multi:
         for i, m in enumerate(s.metrics or []):
             if m not in per_epoch:
-                raise SpecError(
-                    where,
-                    f"search.metrics.{i}",
-                    f"{allowed}, got {m!r}",
-                )
+                raise SpecError(where, f"search.metrics.{i}", f"{allowed}, got {m!r}")
         if s.scheduler == "asha":
             raise SpecError(
                 where,
@@ -429,11 +425,7 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
                 "set search.scheduler: fifo (search.eaf_stop can still stop trials whose EAF explodes)",
             )
     elif s.metric not in per_epoch:
-        raise SpecError(
-            where,
-            "search.metric",
-            f"{allowed}, got {s.metric!r}",
-        )
+        raise SpecError(where, "search.metric", f"{allowed}, got {s.metric!r}")
     objectives = list(s.metrics or []) if s.multi else [s.metric]
     for i, metric in enumerate(objectives):
         if runner == "text" and metric in PARTIAL_OBJECTIVES:

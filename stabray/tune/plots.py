@@ -57,7 +57,8 @@ def _departure_panel(ax, departures: dict[str, list[tuple[int, float]]]) -> None
     epoch a token has no point at counts 0 for it)."""
     keys = sorted(departures, key=lambda k: int(k.rsplit("tok", 1)[1]))
     epochs = sorted({s for k in keys for s, _ in departures[k]})
-    shares = [[dict(departures[k]).get(e, 0.0) for e in epochs] for k in keys]
+    by_epoch = [dict(departures[k]) for k in keys]
+    shares = [[points.get(e, 0.0) for e in epochs] for points in by_epoch]
     ax.stackplot(epochs, shares, labels=[f"token {k.rsplit('tok', 1)[1]}" for k in keys], alpha=0.8)
     ax.set_title("val_departure_tok<k> (stacked)", fontsize=10)
     ax.set_xlabel("epoch")
