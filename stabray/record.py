@@ -311,8 +311,7 @@ def steps_metric(split: str) -> str:
 def departure_metric(token: int, split: str = "val") -> str:
     """The metric of a split's written chains that first go off at token `token` of a step:
     val_departure_tok2 (every epoch), test_long_departure_tok2, test_departure_tok2_n6 (test_n6)."""
-    m = re.fullmatch(r"test_n(\d+)", split)
-    return f"test_departure_tok{token}_n{m.group(1)}" if m else f"{split}_departure_tok{token}"
+    return acc_metric(split).replace("_acc", f"_departure_tok{token}", 1)  # named as its accuracy is
 
 
 def is_departure_metric(name: str) -> bool:
