@@ -356,6 +356,20 @@ def sized_metric_names(names) -> list[str]:
     return [m.group(0) for m in sorted(found, key=lambda m: (int(m.group(2)), _SIZED_ORDER[m.group(1) or ""]))]
 
 
+def final_departure_metric_names(names) -> list[str]:
+    """The final departure metrics among `names` (test_departure_tok<k>, test_long_..., test_departure_tok<k>_n<size>),
+    split by split as the accuracies are ordered (test, test_long, test_longer, then by size), token by token."""
+    found = filter(None, (_FINAL_DEPARTURE_METRIC.fullmatch(n) for n in set(names)))
+    splits = {"test": 0, "test_long": 1, "test_longer": 2}
+
+    def key(m: re.Match) -> tuple[int, int, int]:
+        if m.group(3) is not None:  # a split at an explicit size, after the named ones
+            return (3, int(m.group(3)), int(m.group(2)))
+        return (splits[m.group(0).split("_departure")[0]], 0, int(m.group(1)))
+
+    return [m.group(0) for m in sorted(found, key=key)]
+
+
 def is_metric(key: str) -> bool:
     """Whether a reported key is a declared metric (what the MLflow callback logs)."""
     return key in METRICS or any(
@@ -659,9 +673,11 @@ def one_per_seed(trials: pl.DataFrame, prefer: set[str] | None = None) -> pl.Dat
 
 def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
     """One typed row per trial: meta columns, every param, final metrics (the sized ones, e.g.
-    test_acc_n5, as they occur), best epoch."""
+    test_acc_n5, and where the wrong written chains go off, e.g. test_departure_tok0, as they occur),
+    best epoch."""
     param_names = sorted({k for r in records for k in r.params})
-    sized = sized_metric_names({k for r in records for k in r.metrics})
+    logged = {k for r in records for k in r.metrics}
+    sized = sized_metric_names(logged) + final_departure_metric_names(logged)
     rows: list[dict[str, Any]] = []
     for r in records:
         best_epoch, best_val = _best_epoch(r.val_history)

@@ -277,6 +277,26 @@ def test_trials_frame_reads_sized_metrics():
     assert df["trivial_test_acc_n5"].to_list() == [0.6, None]
 
 
+def test_trials_frame_reads_final_departures():
+    """Where the wrong written chains go off at the end is a column of the trial frame (so of trials.csv),
+    split by split in the accuracies' order and token by token; a trial without one has null there."""
+    dep = {"test_departure_tok1": 0.2, "test_departure_tok0": 0.1, "test_departure_tok0_n7": 0.5,
+           "test_departure_tok10_n6": 0.05, "test_departure_tok0_n6": 0.4, "test_long_departure_tok0": 0.3,
+           "val_departure_tok0": 0.9}  # fmt: skip
+    recs = [
+        TrialRecord("a", {"task": "lego_cyclic", "method": "sft_cot", "seed": 0}, {"test_acc": 0.7, **dep}),
+        TrialRecord("b", {"task": "lego_cyclic", "method": "no_cot", "seed": 0}, {"test_acc": 0.5}),
+    ]
+    df = trials_frame(recs)
+    cols = [c for c in df.columns if "_departure_" in c]
+    assert cols == ["test_departure_tok0", "test_departure_tok1", "test_long_departure_tok0", "test_departure_tok0_n6",
+                    "test_departure_tok10_n6", "test_departure_tok0_n7"]  # fmt: skip
+    assert "val_departure_tok0" not in df.columns  # a per-epoch curve, not a final number
+    a, b = (df.filter(pl.col("trial_id") == t).row(0, named=True) for t in "ab")
+    assert {c: a[c] for c in cols} == {c: dep[c] for c in cols} and all(b[c] is None for c in cols)
+    assert all(df.schema[c] == pl.Float64 for c in cols)
+
+
 SPEC = """
 include: {base}
 name: sized
