@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -429,6 +430,46 @@ class EafStopCfg(Strict):
     min_trials: int = Field(3, ge=2)  # reports at an epoch before its median is trusted
 
 
+_STOP_WHEN = re.compile(r"\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*")
+
+
+class StopIfCfg(Strict):
+    """A rule that ends a trial early (stabray.tune.stop_rules.RuleStopper): when its result of epoch
+    `epoch` has `metric` satisfying `when` (a comparison and a number: ">= 0.5", "< 0.2"), the trial
+    stops there and ends as STOPPED, like an ASHA stop. A missing or NaN value never stops it; a trial
+    restored past `epoch` is not judged again. Example (LEGO's clause-lookup plateau):
+    {metric: val_departure_tok0, epoch: 40, when: ">= 0.5"}."""
+
+    metric: str  # a per-epoch metric (checked against the task's when the spec is read)
+    epoch: int = Field(ge=1)  # the epoch whose result is judged (one epoch: a rule, not a running test)
+    when: str  # ">= x", "> x", "<= x" or "< x"
+
+    @field_validator("when")
+    @classmethod
+    def _comparison(cls, v: str) -> str:
+        m = _STOP_WHEN.fullmatch(v) if isinstance(v, str) else None
+        if m is None:
+            raise ValueError(f'must be a comparison and a number, like ">= 0.5" or "< 0.2" (got {v!r})')
+        return f"{m.group(1)} {float(m.group(2)):g}"
+
+    @property
+    def op(self) -> str:
+        return self.when.split()[0]
+
+    @property
+    def bound(self) -> float:
+        return float(self.when.split()[1])
+
+    def holds(self, value: float) -> bool:
+        """Whether `value` satisfies the comparison (NaN never does)."""
+        return {">=": value >= self.bound, ">": value > self.bound, "<=": value <= self.bound, "<": value < self.bound}[
+            self.op
+        ]
+
+    def describe(self) -> str:
+        return f"{self.metric} {self.when} at epoch {self.epoch}"
+
+
 class SearchCfg(Strict):
     num_samples: int = Field(8, ge=1)  # trials
     max_concurrent: int = Field(2, ge=1)  # trials running at once
@@ -443,6 +484,7 @@ class SearchCfg(Strict):
     # generation); None = tpe for one objective, nsga2 for several.
     sampler: Literal["tpe", "nsga2"] | None = None
     eaf_stop: EafStopCfg | None = None  # EAF-aware early stopping (off when absent)
+    stop_if: list[StopIfCfg] = []  # rules that end a trial at a given epoch (any one stops it)
     searcher: Literal["optuna", "random", "grid"] = "optuna"  # grid: every combination of the choices
     scheduler: Literal["asha", "fifo"] = "asha"
     grace_period: int = Field(1, ge=1)  # ASHA: epochs before a trial can be stopped

@@ -423,8 +423,8 @@ KERNEL_KEYS = ("torch", "kernels")
 # ----------------------------------------------------------------------------------- status
 
 # How a trial ended. FINISHED: ran every epoch (it has the final metrics). STOPPED: ended early by
-# the scheduler (ASHA) or the EAF rule (search.eaf_stop). FAILED: it raised. RUNNING: still going,
-# or its driver died. KILLED: the sweep was interrupted while it ran (`--resume` continues it).
+# the scheduler (ASHA), the EAF rule (search.eaf_stop) or a search.stop_if rule. FAILED: it raised.
+# RUNNING: still going, or its driver died. KILLED: the sweep was interrupted while it ran (`--resume` continues it).
 STATUSES = ("FINISHED", "STOPPED", "FAILED", "RUNNING", "KILLED")
 
 

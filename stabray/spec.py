@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from stabray.config import (
     validation_problem,
 )
 from stabray.errors import SpecError, UserError, did_you_mean
-from stabray.record import searchable_metrics
+from stabray.record import is_departure_metric, searchable_metrics
 
 DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
 
@@ -257,28 +258,34 @@ def _trial_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
 PARTIAL_OBJECTIVES = ("val_eaf", "steps_val_acc")
 
 
-def _objective_problem(trial: dict[str, Any], metric: str) -> str | None:
-    """Why a text trial would not report the per-epoch objective `metric` at every epoch, or None.
+def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = None) -> str | None:
+    """Why a text trial would not report the per-epoch metric `metric` at every epoch (at `epoch` alone,
+    when given: a search.stop_if rule), or None.
     val_eaf: off (eval.eaf_examples 0), measured only every eval.eaf_every > 1 epochs, or a method that
-    answers without a chain (No CoT, Implicit CoT: the sum over steps is empty). steps_val_acc: a
-    method whose evaluation chain is not each example's whole chain (No CoT, Implicit CoT, Coconut,
-    Algorithm 1 or MTP at lam < 1), judged on a few examples of the task at each in-distribution size,
-    as `stabray.evaluate.metrics.writes_whole_chain` judges the validation split."""
+    answers without a chain (No CoT, Implicit CoT: the sum over steps is empty). steps_val_acc and
+    val_departure_tok<k>: a method whose evaluation chain is not each example's whole chain (No CoT,
+    Implicit CoT, Coconut, Algorithm 1 or MTP at lam < 1), judged on a few examples of the task at each
+    in-distribution size, as `stabray.evaluate.metrics.writes_whole_chain` judges the validation
+    split; val_departure_tok<k> also needs k at most the longest step's token count on those examples
+    (k = that count is the chain's end)."""
     import numpy as np
 
     from stabray.evaluate.metrics import writes_whole_chain
     from stabray.methods import get_method
     from stabray.tasks import get_task
+    from stabray.tasks.base import normalize_answer
 
     cfg = TrialConfig.model_validate(trial)
     method = get_method(cfg.method.name, **cfg.method.params)
     if metric == "val_eaf":
         if cfg.eval.eaf_examples == 0:
             return "val_eaf is not measured: eval.eaf_examples is 0"
-        if cfg.eval.eaf_every != 1:
+        measured = epoch is not None and (epoch % cfg.eval.eaf_every == 0 or epoch == cfg.train.epochs)
+        if cfg.eval.eaf_every != 1 and not measured:
             return (
                 f"val_eaf is measured every eval.eaf_every = {cfg.eval.eaf_every} epochs, so the epochs between "
-                "would report no objective; set eval.eaf_every: 1"
+                + (f"(epoch {epoch} among them) " if epoch is not None else "")
+                + "would report no value; set eval.eaf_every: 1"
             )
         if not method.steps_at_eval:
             return (
@@ -290,6 +297,14 @@ def _objective_problem(trial: dict[str, Any], metric: str) -> str | None:
     rng = np.random.RandomState(0)
     examples = [task.sample(rng, n) for n in task.in_dist_sizes for _ in range(4)]
     if writes_whole_chain(method, examples):
+        token = re.fullmatch(r"val_departure_tok(\d+)", metric)
+        longest = max((len(normalize_answer(st).split()) for e in examples for st in e.steps), default=0)
+        if token and int(token.group(1)) > longest:
+            return (
+                f"{cfg.task.name}'s steps have at most {longest} tokens here, so its trials report "
+                f"val_departure_tok0 to val_departure_tok{longest} (the last: a chain that stops, goes on or "
+                f"never ends), not {metric}"
+            )
         return None
     return (
         f"{metric} scores the written chain against each example's whole chain, which method "
@@ -299,7 +314,13 @@ def _objective_problem(trial: dict[str, Any], metric: str) -> str | None:
 
 
 def _check_objective(
-    spec: SweepSpec, base: dict[str, Any], points: dict[str, list[Any]], where: str, field: str, metric: str
+    spec: SweepSpec,
+    base: dict[str, Any],
+    points: dict[str, list[Any]],
+    where: str,
+    field: str,
+    metric: str,
+    epoch: int | None = None,
 ) -> None:
     """A SpecError unless every trial the search can make reports `metric` every epoch
     (`_objective_problem`): over the combinations of the checked points (`sample_points`), the field
@@ -314,7 +335,7 @@ def _check_objective(
             set_path(t, space_path(k), v)
         return t
 
-    problems = [(c, _objective_problem(trial(c), metric)) for c in combos]
+    problems = [(c, _objective_problem(trial(c), metric, epoch)) for c in combos]
     failing = next(((c, why) for c, why in problems if why is not None), None)
     if failing is None:
         return
@@ -325,7 +346,7 @@ def _check_objective(
     for k in keys:  # move the failing trial toward the passing one, one key at a time
         bad = combo[k]
         combo = {**combo, k: passing[k]}
-        if _objective_problem(trial(combo), metric) is None:
+        if _objective_problem(trial(combo), metric, epoch) is None:
             raise SpecError(
                 where, f"search.space.{k}", f"{_describe(spec.search.space[k], bad)}: {why}", related=(field,)
             )
@@ -432,3 +453,30 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             _check_objective(spec, base, points, where, f"search.metrics.{i}" if s.multi else "search.metric", metric)
     if s.eaf_stop is not None and spec.eval.eaf_examples == 0:
         raise SpecError(where, "search.eaf_stop", "needs the per-epoch EAF, but eval.eaf_examples is 0")
+    for i, rule in enumerate(s.stop_if):
+        _check_stop_rule(spec, base, points, where, f"search.stop_if.{i}", rule, runner, per_epoch)
+
+
+def _check_stop_rule(spec, base, points, where: str, field: str, rule, runner: str, per_epoch: list[str]) -> None:
+    """A SpecError unless the rule can act: its metric is one the task's trials report every epoch (a
+    departure share val_departure_tok<k> for a text task too), its epoch is one some trial reaches, and
+    every trial the search can make reports the metric at that epoch (`_check_objective`)."""
+    departure = runner == "text" and is_departure_metric(rule.metric)
+    if rule.metric not in per_epoch and not departure:
+        shares = ", or val_departure_tok<k> for a method that writes the whole chain" if runner == "text" else ""
+        raise SpecError(
+            where,
+            f"{field}.metric",
+            f"must be a per-epoch metric that {spec.task.name} trials report ({', '.join(per_epoch)}{shares}), "
+            f"got {rule.metric!r}" + did_you_mean(rule.metric, per_epoch, before="; "),
+        )
+    epochs = [spec.train.epochs] + [v for k, vs in points.items() if space_path(k) == "train.epochs" for v in vs]
+    if rule.epoch > max(epochs):
+        raise SpecError(
+            where,
+            f"{field}.epoch",
+            f"{rule.epoch} is past the last epoch a trial runs (train.epochs {max(epochs)}), "
+            "so the rule would never act",
+        )
+    if runner == "text" and (rule.metric in PARTIAL_OBJECTIVES or departure):
+        _check_objective(spec, base, points, where, f"{field}.metric", rule.metric, rule.epoch)

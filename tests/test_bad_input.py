@@ -106,6 +106,13 @@ CASES = [
     ("chain_objective_compressed", ["sweep", "dijkstra", "--set", "search.metric=steps_val_acc"], {}, ["search.space.lam", "value 0.1", "method 'alg1' does not write"]),
     ("eaf_objective_every_other_epoch", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--set", "eval.eaf_every=2"], {}, ["search.metric", "every eval.eaf_every = 2 epochs", "eval.eaf_every: 1"]),
     ("eaf_objective_without_a_chain", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--method", "no_cot"], {}, ["search.metric", "'no_cot' answers without a chain", "no val_eaf"]),
+    # -- sweep: a search.stop_if rule that could never act
+    ("stop_rule_unknown_metric", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_ac, epoch: 1, when: '< 0.1'}]"], {}, ["search.stop_if.0.metric", "a per-epoch metric that dijkstra trials report", "did you mean val_acc"]),
+    ("stop_rule_past_the_end", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_acc, epoch: 500, when: '< 0.1'}]"], {}, ["search.stop_if.0.epoch", "500 is past the last epoch", "never act"]),
+    ("stop_rule_not_a_comparison", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_acc, epoch: 1, when: 'below 0.1'}]"], {}, ["search.stop_if.0.when", "a comparison and a number", "'below 0.1'"]),
+    ("stop_rule_departure_compressed", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_departure_tok0, epoch: 1, when: '>= 0.5'}]"], {}, ["search.space.lam", "value 0.1", "val_departure_tok0 scores the written chain"]),
+    ("stop_rule_departure_past_the_step", ["sweep", "lego_cyclic", "--method", "sft_cot", "--set", "task.params.trace=delta_op", "--set", "search.stop_if=[{metric: val_departure_tok7, epoch: 1, when: '>= 0.5'}]"], {}, ["search.stop_if.0.metric", "at most 3 tokens", "val_departure_tok0 to val_departure_tok3"]),
+    ("stop_rule_eaf_not_measured_then", ["sweep", "dijkstra", "--set", "eval.eaf_every=3", "--set", "search.stop_if=[{metric: val_eaf, epoch: 2, when: '> 100'}]"], {}, ["search.stop_if.0.metric", "every eval.eaf_every = 3 epochs", "(epoch 2 among them)"]),
     ("two_distributions", ["sweep", "s.yaml"], {"s.yaml": spec(search={"space": {"lr": {"choice": [1e-3], "uniform": [1e-3, 2e-3]}}})}, ["search.space.lr", "exactly one of"]),
     # -- sweep: where results go, what it joins
     ("storage_is_file", ["sweep", "s.yaml", "--storage", "f"], {"f": "x", "s.yaml": spec()}, ["--storage", "a file"]),

@@ -28,7 +28,7 @@ from stabray.record import (
 )
 from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, TAG_CHARS, numeric_metrics
-from stabray.tune.eaf_stop import STOPPER_WORDS
+from stabray.tune.stop_rules import STOPPER_WORDS, stop_detail, stopped_by
 
 CURVES = ("train_loss", "val_acc", "steps_val_acc", "val_eaf")  # per-epoch panels in plots/curves.png, if logged
 KERNEL_HISTORY = "stabray.kernels_history"  # tag: "<epoch>: <torch>, <path>; ..." once a restore changed the path
@@ -50,8 +50,9 @@ class MLflowTuneCallback(Callback):
         # Each trial then goes under its own method's group and is named by that method's searched
         # paths; without it every trial goes under parent_run_id and `searched` names them all.
         self.methods = {m: (g, list(paths)) for m, (g, paths) in (methods or {}).items()}
-        # the sweep's EafStopper (or None): the same object Ray Tune asks, so its `stopped` says which
-        # early-stopped trials it ended (the others were stopped by ASHA)
+        # the sweep's stopper (None, the EafStopper, the search.stop_if RuleStopper, or both in a
+        # stop_rules.Stoppers): the same object Ray Tune asks, so their `stopped` says which
+        # early-stopped trials they ended (the others were stopped by ASHA)
         self.stopper = stopper
         self.searched = list(searched)  # searched config paths: each logged as a param under its last name
         self.runs: dict[str, str] = {}  # trial_id -> MLflow run id
@@ -164,8 +165,9 @@ class MLflowTuneCallback(Callback):
         return self.runs[trial.trial_id]
 
     def stopped_by(self, trial_id: str) -> str:
-        """Who stopped an early-stopped trial: "eaf_stop" (the EAF rule) or "asha"."""
-        return "eaf_stop" if self.stopper is not None and trial_id in self.stopper.stopped else "asha"
+        """Who stopped an early-stopped trial: "eaf_stop" (the EAF rule), "stop_if" (a search.stop_if
+        rule) or "asha"."""
+        return stopped_by(self.stopper, trial_id)
 
     def name_of(self, trial) -> str:
         """The trial's readable name (alg1-lam0.2-b4-lr0.0031-s0), made unique with -2, -3, ..."""
@@ -257,6 +259,8 @@ class MLflowTuneCallback(Callback):
             outcome = f"**Failed** after epoch {last.get('epoch', 0)}: `{error}` (full traceback: error.txt)."
         elif stopped_at is not None:
             who = STOPPER_WORDS[self.stopped_by(trial.trial_id)]
+            if detail := stop_detail(self.stopper, trial.trial_id):
+                who += f" ({detail})"
             outcome = (
                 f"**Stopped by {who}** after epoch {stopped_at} of {epochs} (tags stabray.status = STOPPED, "
                 "stabray.stopped_at_epoch, stabray.stopped_by); it has no test metrics."

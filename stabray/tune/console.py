@@ -21,7 +21,7 @@ from ray.tune import Callback
 
 from stabray.config import get_path
 from stabray.record import run_name, trial_status, unwrap
-from stabray.tune.eaf_stop import STOPPER_WORDS
+from stabray.tune.stop_rules import STOPPER_WORDS
 
 WIDTH = 120  # the widest line the view prints
 MAX_ROWS = 14  # table rows on a terminal: every running trial, then the best ended ones

@@ -22,12 +22,13 @@ from typing import Any
 
 from ray.tune import Stopper
 
-STOPPER_WORDS = {"asha": "ASHA", "eaf_stop": "the EAF rule"}  # tag stabray.stopped_by -> words
 ACC = "val_acc"
 EAF = "val_eaf"
 
 
 class EafStopper(Stopper):
+    tag = "eaf_stop"  # its stabray.stopped_by (stabray.tune.stop_rules.STOPPER_WORDS)
+
     def __init__(self, factor: float = 3.0, top_fraction: float = 0.25, grace: int = 2, min_trials: int = 3):
         self.factor, self.top_fraction, self.grace, self.min_trials = factor, top_fraction, grace, min_trials
         self.eafs: dict[int, dict[str, float]] = {}  # epoch -> {trial_id: val_eaf}

@@ -344,6 +344,8 @@ def sweep_params(spec) -> dict[str, Any]:
     if s.eaf_stop is not None:
         e = s.eaf_stop
         p["eaf_stop"] = f"factor {e.factor:g}, top {e.top_fraction:g}, grace {e.grace}, min_trials {e.min_trials}"
+    if s.stop_if:
+        p["stop_if"] = "; ".join(r.describe() for r in s.stop_if)
     if spec.methods:
         p["methods"] = ", ".join(m.method.name for m in _method_specs(spec))
     else:
@@ -366,13 +368,17 @@ def sweep_description(spec) -> str:
         f"(reduction factor {s.reduction_factor})"
         if s.scheduler == "asha"
         else "every trial runs all epochs"
-        if s.eaf_stop is None
+        if s.eaf_stop is None and not s.stop_if
         else "no scheduler stops trials"
     )
     if s.eaf_stop is not None:
         from stabray.tune.eaf_stop import EafStopper
 
         stop += "; " + EafStopper.from_cfg(s.eaf_stop).describe()
+    if s.stop_if:
+        from stabray.tune.stop_rules import RuleStopper
+
+        stop += "; " + RuleStopper(s.stop_if).describe()
     goal = f"the Pareto front of {objectives_text(spec)}" if s.multi else f"the best `{s.metric}` ({s.mode})"
     metric_cols = metric_columns(spec)
     lines = [
@@ -382,9 +388,9 @@ def sweep_description(spec) -> str:
         f"{', '.join(searched_names(spec)) or 'nothing'} for {goal}; {stop}.",
         "",
         "Each child run is one trial, named after its method and searched values (`alg1-lam0.2-b4-lr0.0031-s0`: "
-        "λ 0.2, 4 bits, lr 0.0031, seed 0). A trial stopped early (ASHA or the EAF rule) shows *Finished* in "
-        "MLflow's status column with the tags `stabray.status` = STOPPED, `stabray.stopped_at_epoch` and "
-        "`stabray.stopped_by`; it has no test metrics.",
+        "λ 0.2, 4 bits, lr 0.0031, seed 0). A trial stopped early (ASHA, the EAF rule or a search.stop_if "
+        "rule) shows *Finished* in MLflow's status column with the tags `stabray.status` = STOPPED, "
+        "`stabray.stopped_at_epoch` and `stabray.stopped_by`; it has no test metrics.",
         "",
         "Columns that matter: " + "; ".join(f"`{c}`: {describe_metric(c, runner)}" for c in metric_cols) + ". "
         "Timings and placement are the `sys/` metrics.",

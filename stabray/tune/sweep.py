@@ -23,8 +23,8 @@ from stabray.tracking import Store, check_store, resolve_tracking_uri
 from stabray.tune import ray_state
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
-from stabray.tune.eaf_stop import EafStopper
 from stabray.tune.interrupt import GracefulStop
+from stabray.tune.stop_rules import stoppers
 from stabray.tune.storage import INFO_FILE, Storage, open_storage
 from stabray.tune.trainable import trainable
 
@@ -627,13 +627,13 @@ def end_failed(store: Store, saved: dict[str, Any]) -> None:
 
 def one_tuner(subs: list) -> bool:
     """Whether a multi-method sweep runs as one Tuner: every method a plain grid (no searcher state,
-    FIFO, no EAF stopping), so no trial's fate depends on the other trials of its method. Its slots
-    then never wait for a method's last trials to end before the next method starts (3 seeds at 2 at
-    a time: one Tuner per method runs each method in 2 rounds, one slot idle in the second). Searched or
-    early-stopped methods keep one Tuner each: their searcher or rung compares only that method's
-    trials."""
+    FIFO, no EAF or stop_if rule: the one Tuner is given no stopper), so no trial's fate depends on the
+    other trials of its method. Its slots then never wait for a method's last trials to end before
+    the next method starts (3 seeds at 2 at a time: one Tuner per method runs each method in 2 rounds,
+    one slot idle in the second). Searched or early-stopped methods keep one Tuner each: their
+    searcher or rung compares only that method's trials."""
     return len(subs) > 1 and all(
-        s.search.searcher == "grid" and s.search.scheduler == "fifo" and s.search.eaf_stop is None for _, s in subs
+        s.search.searcher == "grid" and s.search.scheduler == "fifo" and stoppers(s.search) is None for _, s in subs
     )
 
 
@@ -701,7 +701,7 @@ def _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resum
             tuner = make_tuner(sub, results, sub_run, None, resume=True)
         else:
             searched = [space_path(k) for k in sub.search.space]
-            stopper = EafStopper.from_cfg(sub.search.eaf_stop) if sub.search.eaf_stop is not None else None
+            stopper = stoppers(sub.search)
             cb = MLflowTuneCallback(uri, experiment, group, searched, stopper=stopper, restarted=restart)
             title = f"{sub.name}" + (f" [{label}]" if label else "")
             console = (

@@ -1,0 +1,152 @@
+"""search.stop_if: the rule on a synthetic stream, beside the EAF rule, its spec checks, and a tiny sweep."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from stabray.config import SearchCfg, StopIfCfg
+from stabray.tune.eaf_stop import EafStopper
+from stabray.tune.stop_rules import RuleStopper, Stoppers, stop_detail, stopped_by, stoppers
+
+
+def rule(metric="val_acc", epoch=2, when="< 0.3"):
+    return StopIfCfg(metric=metric, epoch=epoch, when=when)
+
+
+@pytest.mark.parametrize(
+    "when,op,bound", [(">=0.5", ">=", 0.5), ("  <  .25 ", "<", 0.25), ("> 1e-3", ">", 0.001), ("<= -2", "<=", -2.0)]
+)
+def test_when_is_read_as_a_comparison(when, op, bound):
+    r = rule(when=when)
+    assert (r.op, r.bound) == (op, bound) and r.when == f"{op} {bound:g}"
+
+
+@pytest.mark.parametrize("when", ["=> 0.5", "0.5", ">= x", "== 0.5", ">= 0.5 or < 0.1", ""])
+def test_a_when_that_is_not_a_comparison_is_refused(when):
+    with pytest.raises(ValidationError, match="a comparison and a number"):
+        rule(when=when)
+
+
+def test_the_rule_on_a_synthetic_stream_matches_a_hand_computation():
+    """Each trial is judged once, on its result of the rule's epoch, against the comparison written
+    out here by hand; results of other epochs never stop it, whatever their value."""
+    rng = random.Random(1)
+    rules = [rule("val_departure_tok0", 3, ">= 0.5"), rule("val_acc", 5, "< 0.2")]
+    s = RuleStopper(rules)
+    expected = {}
+    for t in (f"t{i}" for i in range(40)):
+        for epoch in range(1, 8):
+            dep, acc = rng.random(), rng.random()
+            hand = (epoch == 3 and dep >= 0.5) or (epoch == 5 and acc < 0.2)
+            got = s(t, {"epoch": epoch, "training_iteration": epoch, "val_departure_tok0": dep, "val_acc": acc})
+            assert got == hand, (t, epoch, dep, acc)
+            if got:
+                expected[t] = epoch
+                break
+    assert s.stopped == expected
+    assert {3, 5} == set(expected.values())  # both rules act in this stream
+    assert 0 < len(expected) < 40
+    t = next(t for t, e in expected.items() if e == 3)
+    assert s.why[t].startswith("val_departure_tok0 = ") and s.why[t].endswith("at epoch 3, rule >= 0.5")
+
+
+def test_missing_nan_and_boolean_values_never_stop_a_trial():
+    s = RuleStopper([rule("val_acc", 1, ">= 0")])  # any number at epoch 1 stops
+    assert not s("a", {"epoch": 1})
+    assert not s("b", {"epoch": 1, "val_acc": float("nan")})
+    assert not s("c", {"epoch": 1, "val_acc": True})
+    assert not s("d", {"training_iteration": 2, "val_acc": 0.5})  # another epoch
+    assert s("e", {"training_iteration": 1, "val_acc": 0.0})  # the iteration stands in for a missing epoch
+    assert s.stopped == {"e": 1} and not s.stop_all()
+
+
+def test_both_rules_see_every_result_and_the_tag_names_the_one_that_stopped():
+    """Ray's CombinedStopper stops asking at the first yes; here the EAF rule still records the result of
+    a trial the stop_if rule ends, so its median at that epoch counts it."""
+    eaf = EafStopper(factor=2.0, top_fraction=0.25, grace=1, min_trials=3)
+    rules = RuleStopper([rule("val_acc", 1, "< 0.1")])
+    both = Stoppers(rules, eaf)
+    assert both("a", {"epoch": 1, "val_acc": 0.05, "val_eaf": 1.0})  # the rule stops it
+    assert eaf.eafs[1] == {"a": 1.0}  # and the EAF rule saw it anyway
+    assert not both("b", {"epoch": 1, "val_acc": 0.5, "val_eaf": 1.0})
+    assert both("c", {"epoch": 1, "val_acc": 0.2, "val_eaf": 50.0})  # median(1, 1, 50) = 1: the EAF rule
+    assert (stopped_by(both, "a"), stopped_by(both, "c"), stopped_by(both, "b")) == ("stop_if", "eaf_stop", "asha")
+    assert stop_detail(both, "a") == "val_acc = 0.05 at epoch 1, rule < 0.1" and stop_detail(both, "c") == ""
+    assert stopped_by(None, "a") == "asha" and stopped_by(eaf, "c") == "eaf_stop"
+
+
+def test_the_sweep_gets_one_stopper_for_what_it_configures():
+    assert stoppers(SearchCfg()) is None
+    assert isinstance(stoppers(SearchCfg(eaf_stop={})), EafStopper)
+    one = stoppers(SearchCfg(stop_if=[{"metric": "val_acc", "epoch": 1, "when": "< 0.1"}]))
+    assert isinstance(one, RuleStopper) and one.rules[0].describe() == "val_acc < 0.1 at epoch 1"
+    both = stoppers(SearchCfg(eaf_stop={}, stop_if=[{"metric": "val_acc", "epoch": 1, "when": "< 0.1"}]))
+    assert [type(m) for m in both.members] == [EafStopper, RuleStopper]
+
+
+def test_a_nan_bound_is_not_a_number_here():
+    with pytest.raises(ValidationError):
+        rule(when=">= nan")
+    assert not math.isnan(rule(when="> 0").bound)
+
+
+# ----------------------------------------------------------------------------------- spec and sweep
+
+
+def test_a_departure_rule_validates_for_a_method_that_writes_the_whole_chain():
+    from stabray.spec import load_spec
+
+    spec, _ = load_spec(
+        "lego_cyclic",
+        {
+            "method.name": "sft_cot",
+            "search.space.lam": None,
+            "search.space.bits": None,
+            "task.params.trace": "delta_op",
+            "search.stop_if": [{"metric": "val_departure_tok3", "epoch": 2, "when": ">= 0.5"}],
+        },
+    )
+    assert spec.search.stop_if[0].describe() == "val_departure_tok3 >= 0.5 at epoch 2"
+
+
+def test_a_tiny_sweep_ends_every_trial_at_the_rules_epoch(tmp_path, monkeypatch, capsys):
+    """Mini model, 3 epochs, 2 trials, a rule every trial meets at epoch 2: both end STOPPED there,
+    tagged stop_if, with the rule and the value in their description and the rule in the parent's."""
+    from mlflow import MlflowClient
+    from test_pareto import write_spec
+
+    from stabray.cli import main
+
+    monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    path = write_spec(
+        tmp_path,
+        {"num_samples": 2, "scheduler": "fifo", "stop_if": [{"metric": "val_acc", "epoch": 2, "when": ">= 0"}]},
+        model={"preset": "mini"},
+        train={"epochs": 3, "batch_size": 16, "warmup_steps": 1},
+    )
+    assert main(["sweep", str(path), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "2 trials (0 failed), 0 finished, 2 stopped early" in out
+    assert out.count("stopped by a search.stop_if rule at epoch 2") == 2
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("mini")
+    runs = client.search_runs([exp.experiment_id])
+    trials = [r for r in runs if r.data.tags.get("stabray.role") == "trial"]
+    assert len(trials) == 2
+    for r in trials:
+        t = r.data.tags
+        tags = (t["stabray.status"], t["stabray.stopped_by"], t["stabray.stopped_at_epoch"])
+        assert tags == ("STOPPED", "stop_if", "2")
+        acc = client.get_metric_history(r.info.run_id, "val_acc")
+        assert sorted(m.step for m in acc) == [1, 2] and "test_acc" not in r.data.metrics
+        assert f"val_acc = {acc[-1].value:.4g} at epoch 2, rule >= 0" in t["mlflow.note.content"]
+    parent = next(r for r in runs if r.data.tags.get("stabray.role") == "sweep")
+    assert parent.data.params["stop_if"] == "val_acc >= 0 at epoch 2"
+    assert "search.stop_if stops a trial when val_acc >= 0 at epoch 2" in parent.data.tags["mlflow.note.content"]
