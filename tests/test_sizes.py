@@ -507,15 +507,49 @@ def test_report_tables_at_explicit_sizes_with_floors():
     assert "table1_n5" in [t.name for t in all_tables(df, pl.DataFrame())]
 
 
-def load_calibrate():
+def load_calibrate(name: str = "calibrate"):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate.py"
-    mod = importlib.util.spec_from_file_location("calibrate", path)
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    mod = importlib.util.spec_from_file_location(name, path)
     calibrate = importlib.util.module_from_spec(mod)
     mod.loader.exec_module(calibrate)
     return calibrate
+
+
+def test_early_sign_counts_calls_against_outcomes():
+    """scripts/early_sign.py on synthetic rows: the share is the test count off at token 0 over the
+    split's size at the asked epoch; a run fits at its first val_acc >= 0.95; only delta_op runs at init
+    0.1 tracked at that epoch count; the 2x2 and Fisher's p are those of scipy on the hand-made table."""
+    from scipy.stats import fisher_exact
+
+    sign = load_calibrate("early_sign")
+
+    def row(off_at_var, accs, trace="delta_op", init=0.1, tracked=True):
+        epochs = [{"epoch": e, "val_acc": a} for e, a in enumerate(accs, 1)]
+        if tracked:
+            epochs[1]["track_departure"] = {"test": {"0": off_at_var, "1": 3}}
+            epochs[1]["val_departure_tok0"] = off_at_var / 20
+        cfg = {"task": {"params": {"trace": trace}}, "model": {"init_std": init}}
+        return {"profile": "lx_a", "seed": 0, "config": cfg, "final": {"test": {"n": 20}}, "epochs": epochs}
+
+    rows = [
+        row(12, [0.1, 0.5, 0.6, 0.7]),  # 0.60: called stuck, never fits -> right
+        row(11, [0.1, 0.5, 0.96, 0.9]),  # 0.55: called stuck, fits at 3 -> wrong
+        row(4, [0.1, 0.5, 0.7, 0.95]),  # 0.20: called fits, fits at 4 -> right
+        row(9, [0.1, 0.3, 0.5, 0.5]),  # 0.45: called fits, never -> wrong
+        row(2, [0.1, 0.2, 0.9, 0.99]),  # 0.10: called fits, fits at 4 -> right
+        row(15, [0.1, 0.2, 0.3, 0.3], trace="delta"),  # another trace: left out
+        row(15, [0.1, 0.2, 0.3, 0.3], init=0.05),  # another scale: left out
+        row(15, [0.1, 0.2, 0.3, 0.3], tracked=False),  # not tracked at epoch 2: left out
+    ]
+    items = sign.table(list(enumerate(rows, 1)), epoch=2, threshold=0.5)
+    assert [t["row"] for t in items] == [1, 2, 3, 4, 5]
+    assert [t["share"] for t in items] == [0.6, 0.55, 0.2, 0.45, 0.1] and items[0]["val"] == 0.6
+    assert [t["fit"] for t in items] == [None, 3, 4, None, 4]
+    m, p = sign.two_by_two(items)
+    assert m == [[1, 1], [1, 2]] and p == pytest.approx(fisher_exact([[1, 1], [1, 2]])[1])
 
 
 def test_calibration_profiles_build():

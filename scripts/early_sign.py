@@ -1,0 +1,113 @@
+"""LEGO's early sign of the clause-lookup plateau, read off the calibration rows: for every delta_op run
+at init std 0.1 tracked at epoch E (calibrate.py --track-every), the share of its test chains whose
+first wrong token is a step's variable (token 0) at epoch E, beside `val_departure_tok0` at E (the
+validation twin a sweep's `search.stop_if` rule reads; absent in rows older than that metric), when
+it first fits (validation accuracy >= 0.95), and what the rule "share >= THRESHOLD: it never fits"
+calls it. Rows are the 1-based lines of the results file (the README's calibration-table rows).
+
+The threshold was chosen after looking at rows 165-180 (--chosen-on), so the 2x2 table and Fisher's
+exact test are printed twice: on those rows (where the rule was read, so the p-value flatters it) and
+on every later row (where it was tested).
+
+  PYTHONPATH=. python scripts/early_sign.py [scripts/calibration_results.jsonl] [--epoch 40] [--threshold 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from scipy.stats import fisher_exact
+
+FIT = 0.95  # validation accuracy that counts as fitting the training chains
+
+
+def first_fit(row: dict) -> int | None:
+    return next((int(e["epoch"]) for e in row.get("epochs", []) if e.get("val_acc", 0.0) >= FIT), None)
+
+
+def reading(row: dict, epoch: int) -> tuple[float, float | None] | None:
+    """(test share off at the variable, val_departure_tok0) at `epoch`, or None when not tracked then."""
+    at = next((e for e in row.get("epochs", []) if int(e["epoch"]) == epoch), None)
+    if at is None or "track_departure" not in at:
+        return None
+    n = row["final"]["test"]["n"]
+    return at["track_departure"]["test"].get("0", 0) / n, at.get("val_departure_tok0")
+
+
+def eligible(row: dict) -> bool:
+    cfg = row.get("config", {})
+    return (
+        cfg.get("task", {}).get("params", {}).get("trace") == "delta_op" and cfg.get("model", {}).get("init_std") == 0.1
+    )
+
+
+def table(rows: list[tuple[int, dict]], epoch: int, threshold: float) -> list[dict]:
+    out = []
+    for i, r in rows:
+        got = reading(r, epoch) if eligible(r) else None
+        if got is None:
+            continue
+        share, val = got
+        fit = first_fit(r)
+        out.append(
+            {
+                "row": i,
+                "profile": r["profile"].split("_")[0],
+                "seed": r["seed"],
+                "share": share,
+                "val": val,
+                "fit": fit,
+                "called_stuck": share >= threshold,
+            }
+        )
+    return out
+
+
+def two_by_two(items: list[dict]) -> tuple[list[list[int]], float | None]:
+    """[[stuck called stuck, fitted called stuck], [stuck called fits, fitted called fits]] and Fisher's p."""
+    m = [[0, 0], [0, 0]]
+    for t in items:
+        m[0 if t["called_stuck"] else 1][0 if t["fit"] is None else 1] += 1
+    p = fisher_exact(m)[1] if items else None
+    return m, p
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="?", default=str(Path(__file__).with_name("calibration_results.jsonl")))
+    ap.add_argument("--epoch", type=int, default=40)
+    ap.add_argument("--threshold", type=float, default=0.5)
+    ap.add_argument("--chosen-on", default="165-180", help="rows the threshold was read on (A-B)")
+    args = ap.parse_args()
+    lo, hi = (int(x) for x in args.chosen_on.split("-"))
+    lines = Path(args.results).read_text().splitlines()
+    rows = [(i, json.loads(line)) for i, line in enumerate(lines, 1) if line.strip()]
+    items = table(rows, args.epoch, args.threshold)
+    print(f"delta_op runs at init std 0.1 tracked at epoch {args.epoch}; rule: share off at the variable >= "
+          f"{args.threshold:g} -> never fits (val_acc >= {FIT} in no epoch)")  # fmt: skip
+    print(f"{'row':>4} {'profile':8} {'seed':>4} {'test share':>10} {'val_dep_tok0':>12} {'fits at':>8}  called  right")
+    for t in items:
+        val = "-" if t["val"] is None else f"{t['val']:.3f}"
+        fit = "never" if t["fit"] is None else str(t["fit"])
+        called = "stuck" if t["called_stuck"] else "fits"
+        right = t["called_stuck"] == (t["fit"] is None)
+        print(
+            f"{t['row']:>4} {t['profile']:8} {t['seed']:>4} {t['share']:>10.3f} {val:>12} {fit:>8}  {called:6}  "
+            f"{'yes' if right else 'NO'}"
+        )
+    for label, part in (
+        (f"rows {lo}-{hi} (the threshold was read on these)", [t for t in items if lo <= t["row"] <= hi]),
+        (f"rows after {hi} (tested)", [t for t in items if t["row"] > hi]),
+    ):
+        m, p = two_by_two(part)
+        right = m[0][0] + m[1][1]
+        print(
+            f"{label}: {len(part)} runs, called right {right}; called stuck: {m[0][0]} stuck, {m[0][1]} fit; "
+            f"called fits: {m[1][0]} stuck, {m[1][1]} fit" + (f"; Fisher p = {p:.3f}" if p is not None else "")
+        )
+
+
+if __name__ == "__main__":
+    main()
