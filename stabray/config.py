@@ -444,12 +444,12 @@ class StopIfCfg(Strict):
     epoch: int = Field(ge=1)  # the epoch whose result is judged (one epoch: a rule, not a running test)
     when: str  # ">= x", "> x", "<= x" or "< x"
 
-    @field_validator("when")
+    @field_validator("when", mode="before")
     @classmethod
-    def _comparison(cls, v: str) -> str:
+    def _comparison(cls, v: Any) -> str:
         m = _STOP_WHEN.fullmatch(v) if isinstance(v, str) else None
         if m is None:
-            raise ValueError(f'must be a comparison and a number, like ">= 0.5" or "< 0.2" (got {v!r})')
+            raise ValueError(f'must be a comparison and a number, like ">= 0.5" or "< 0.2", quoted in YAML (got {v!r})')
         return f"{m.group(1)} {float(m.group(2)):g}"
 
     @property
@@ -484,7 +484,7 @@ class SearchCfg(Strict):
     # generation); None = tpe for one objective, nsga2 for several.
     sampler: Literal["tpe", "nsga2"] | None = None
     eaf_stop: EafStopCfg | None = None  # EAF-aware early stopping (off when absent)
-    stop_if: list[StopIfCfg] = []  # rules that end a trial at a given epoch (any one stops it)
+    stop_if: list[StopIfCfg] = []  # rules that end a trial at a given epoch (any one stops it; null: none)
     searcher: Literal["optuna", "random", "grid"] = "optuna"  # grid: every combination of the choices
     scheduler: Literal["asha", "fifo"] = "asha"
     grace_period: int = Field(1, ge=1)  # ASHA: epochs before a trial can be stopped
@@ -500,6 +500,12 @@ class SearchCfg(Strict):
             for d in self.space.values():
                 n *= len(d.choice or [None])
         return n
+
+    @field_validator("stop_if", mode="before")
+    @classmethod
+    def _no_rules(cls, v: Any) -> Any:
+        """`stop_if: null` (as `--set search.stop_if=null` drops an included spec's rules) is no rule."""
+        return [] if v is None else v
 
     @model_validator(mode="after")
     def _objectives(self) -> SearchCfg:
@@ -595,6 +601,8 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     """A YAML error on one line: what is wrong and where (line, column)."""
     mark = getattr(e, "problem_mark", None)
     what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if "chomping or indentation indicators" in what:  # `when: >= 0.5`: a bare > or | opens a block
+        what += ' (a value that starts with > or |, like a comparison, needs quotes: when: ">= 0.5")'
     return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark else what
 
 

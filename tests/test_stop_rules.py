@@ -25,10 +25,25 @@ def test_when_is_read_as_a_comparison(when, op, bound):
     assert (r.op, r.bound) == (op, bound) and r.when == f"{op} {bound:g}"
 
 
-@pytest.mark.parametrize("when", ["=> 0.5", "0.5", ">= x", "== 0.5", ">= 0.5 or < 0.1", ""])
+@pytest.mark.parametrize("when", ["=> 0.5", "0.5", 0.5, None, ">= x", "== 0.5", ">= 0.5 or < 0.1", ""])
 def test_a_when_that_is_not_a_comparison_is_refused(when):
     with pytest.raises(ValidationError, match="a comparison and a number"):
         rule(when=when)
+
+
+def test_no_rules_is_an_empty_list_or_null():
+    assert SearchCfg().stop_if == [] and SearchCfg(stop_if=None).stop_if == []
+
+
+def test_an_unquoted_comparison_in_a_spec_file_is_told_to_quote(tmp_path, capsys):
+    """`when: >= 0.5` opens a YAML block scalar: the parse error says to quote the comparison."""
+    from stabray.cli import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\ntask: {name: dijkstra}\nsearch:\n  stop_if:\n    - metric: val_acc\n      when: >= 0.5\n")
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and 'needs quotes: when: ">= 0.5"' in err and "line 6" in err
 
 
 def test_the_rule_on_a_synthetic_stream_matches_a_hand_computation():
