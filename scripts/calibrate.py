@@ -322,8 +322,9 @@ def main() -> None:
     while not run.done:
         m = run.epoch()
         epochs.append({k: round(float(v), 4) for k, v in m.items() if isinstance(v, (int, float))})
+        off = f" off@tok0 {m['val_departure_tok0']:.2f}" if "val_departure_tok0" in m else ""  # the stop_if sign
         print(
-            f"  epoch {m['epoch']:2d} loss {m['train_loss']:.4f} val {m['val_acc']:.3f} "
+            f"  epoch {m['epoch']:2d} loss {m['train_loss']:.4f} val {m['val_acc']:.3f}{off} "
             f"tok/s {m['tokens_per_s']:.0f} t={time.perf_counter() - t0:.0f}s",
             flush=True,
         )
