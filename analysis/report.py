@@ -111,7 +111,7 @@ def flag_objectives(text: str) -> list:
 
 STATUS_WORDS = {  # status -> how the report counts it
     "FINISHED": "finished",
-    "STOPPED": "stopped early by the scheduler",
+    "STOPPED": "stopped early",
     "FAILED": "failed",
     "KILLED": "killed",
     "RUNNING": "running",
@@ -142,7 +142,7 @@ def stopped_section(trials) -> list[str]:
     out = [
         "## Trials stopped early",
         "",
-        "Stopped by the sweep's scheduler after the epochs shown; "
+        "Stopped early (by ASHA, the EAF rule or a search.stop_if rule) after the epochs shown; "
         "their final metrics (test accuracy, EAF, loss gap) were never computed and no table uses them.",
         "",
     ]

@@ -2,9 +2,9 @@
 
 A trial's validation score is `best_val_acc` (max over epochs), else its last `val_acc`; its EAF is
 the validation EAF of its last epoch (`val_eaf`: selection reads validation numbers only). Per group
-(default (task, method)) one FINISHED trial is selected (a trial ASHA or the EAF rule stopped, that
-failed or was killed never is: its final metrics are missing or from a shorter run) by a rule
-(`Rule`, `python -m stabray report --select`):
+(default (task, method)) one FINISHED trial is selected (a trial stopped early by ASHA, the EAF rule
+or a search.stop_if rule, that failed or was killed never is: its final metrics are missing or from
+a shorter run) by a rule (`Rule`, `python -m stabray report --select`):
 
 - `best_acc` (default): the highest score; equal scores go to the lower EAF, then to the lower trial
   id so the choice is deterministic.

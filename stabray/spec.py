@@ -471,12 +471,12 @@ def _check_stop_rule(spec, base, points, where: str, field: str, rule, runner: s
             f"got {rule.metric!r}" + did_you_mean(rule.metric, per_epoch, before="; "),
         )
     epochs = [spec.train.epochs] + [v for k, vs in points.items() if space_path(k) == "train.epochs" for v in vs]
-    if rule.epoch > max(epochs):
+    if rule.epoch >= max(epochs):
         raise SpecError(
             where,
             f"{field}.epoch",
-            f"{rule.epoch} is past the last epoch a trial runs (train.epochs {max(epochs)}), "
-            "so the rule would never act",
+            f"{rule.epoch} is not before the last epoch a trial runs (train.epochs {max(epochs)}): a trial "
+            "that reaches it has finished, so the rule would never act",
         )
     if runner == "text" and (rule.metric in PARTIAL_OBJECTIVES or departure):
         _check_objective(spec, base, points, where, f"{field}.metric", rule.metric, rule.epoch)

@@ -324,7 +324,7 @@ def test_report_counts_statuses_and_lists_stopped_trials():
             rec("d", method="nso", val=(0.4,), status="FAILED"),
         ]
     )
-    assert status_line(trials) == "4 trials: 1 finished, 2 stopped early by the scheduler, 1 failed"
+    assert status_line(trials) == "4 trials: 1 finished, 2 stopped early, 1 failed"
     text = "\n".join(stopped_section(trials))
     assert "`c`: stopped after epoch 1, best val_acc 0.300" in text
     assert "`b`: stopped after epoch 2, best val_acc 0.450" in text

@@ -108,7 +108,7 @@ CASES = [
     ("eaf_objective_without_a_chain", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--method", "no_cot"], {}, ["search.metric", "'no_cot' answers without a chain", "no val_eaf"]),
     # -- sweep: a search.stop_if rule that could never act
     ("stop_rule_unknown_metric", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_ac, epoch: 1, when: '< 0.1'}]"], {}, ["search.stop_if.0.metric", "a per-epoch metric that dijkstra trials report", "did you mean val_acc"]),
-    ("stop_rule_past_the_end", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_acc, epoch: 500, when: '< 0.1'}]"], {}, ["search.stop_if.0.epoch", "500 is past the last epoch", "never act"]),
+    ("stop_rule_past_the_end", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_acc, epoch: 500, when: '< 0.1'}]"], {}, ["search.stop_if.0.epoch", "500 is not before the last epoch", "never act"]),
     ("stop_rule_not_a_comparison", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_acc, epoch: 1, when: 'below 0.1'}]"], {}, ["search.stop_if.0.when", "a comparison and a number", "'below 0.1'"]),
     ("stop_rule_departure_compressed", ["sweep", "dijkstra", "--set", "search.stop_if=[{metric: val_departure_tok0, epoch: 1, when: '>= 0.5'}]"], {}, ["search.space.lam", "value 0.1", "val_departure_tok0 scores the written chain"]),
     ("stop_rule_departure_past_the_step", ["sweep", "lego_cyclic", "--method", "sft_cot", "--set", "task.params.trace=delta_op", "--set", "search.stop_if=[{metric: val_departure_tok7, epoch: 1, when: '>= 0.5'}]"], {}, ["search.stop_if.0.metric", "at most 3 tokens", "val_departure_tok0 to val_departure_tok3"]),

@@ -27,7 +27,7 @@ PARENT = "mlflow.parentRunId"
 CHECKPOINT = "stabray.checkpoint"  # tag: the trial's last checkpoint directory
 TAG_CHARS = 4900  # the most characters of a tag value stabray keeps: under the 5,000 older MLflow servers take
 STATUS = "stabray.status"  # tag: the trial's status when MLflow's own has no word for it (STOPPED)
-STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the scheduler stopped the trial
+STOPPED_AT = "stabray.stopped_at_epoch"  # tag: the epoch after which the trial was stopped early
 STOPPED_BY = "stabray.stopped_by"  # tag: what stopped it early: asha, eaf_stop (the EAF rule) or stop_if
 NOTE = "mlflow.note.content"  # tag: a run's description (Markdown), shown on its overview page
 # tag: a trial's run whose trial Ray Tune lost (the driver died before Ray saved the trial; the resumed

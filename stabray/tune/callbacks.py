@@ -258,9 +258,10 @@ class MLflowTuneCallback(Callback):
         if error:
             outcome = f"**Failed** after epoch {last.get('epoch', 0)}: `{error}` (full traceback: error.txt)."
         elif stopped_at is not None:
-            who = STOPPER_WORDS[self.stopped_by(trial.trial_id)]
-            if detail := stop_detail(self.stopper, trial.trial_id):
-                who += f" ({detail})"
+            tag = self.stopped_by(trial.trial_id)
+            who = STOPPER_WORDS[tag]
+            if tag == "stop_if":  # the rule and the value it read (not when the EAF rule, asked first, also stopped it)
+                who += f" ({stop_detail(self.stopper, trial.trial_id)})"
             outcome = (
                 f"**Stopped by {who}** after epoch {stopped_at} of {epochs} (tags stabray.status = STOPPED, "
                 "stabray.stopped_at_epoch, stabray.stopped_by); it has no test metrics."

@@ -2,8 +2,9 @@
 
 On a terminal it is a `rich` live display: a progress bar over trials and one over trial-epochs, and a
 table of the running and ended trials (name, epoch, val_acc, best val_acc, val_eaf, state: running,
-stopped by ASHA at epoch k, finished, failed). Elsewhere (a log file, a pipe, CI) it prints one line
-per event instead: trial started, epoch reported, trial ended. Lines stay within `WIDTH` characters.
+stopped by ASHA (or the EAF rule, or a search.stop_if rule) at epoch k, finished, failed). Elsewhere
+(a log file, a pipe, CI) it prints one line per event instead: trial started, epoch reported, trial
+ended. Lines stay within `WIDTH` characters.
 
 It is a Ray Tune `Callback` on the driver; `stabray.tune.sweep` installs it and silences Ray's own
 reporter (`-v` on the command line brings Ray's output back instead).
@@ -70,7 +71,7 @@ class SweepConsole(Callback):
         namer: Callable[[Any], str] | None = None,
         stopped_by: Callable[[str], str] | None = None,
     ):
-        self.stopped_by = stopped_by  # trial_id -> who stopped it early ("asha", "eaf_stop")
+        self.stopped_by = stopped_by  # trial_id -> who stopped it early ("asha", "eaf_stop", "stop_if")
         self.title, self.total, self.epochs = title, total, epochs
         self.searched, self.namer = list(searched), namer
         self.rows: dict[str, TrialRow] = {}

@@ -83,7 +83,7 @@ def sweep_val_acc(trials: list[dict[str, Any]], epochs: int | None = None):
     for status in ("FINISHED", "STOPPED", "FAILED"):
         if any(t["status"] == status for t in trials):
             colour, _ = STATUS_STYLE[status]
-            ax.plot([], [], "-", color=colour, label={"STOPPED": "stopped by ASHA"}.get(status, status.lower()))
+            ax.plot([], [], "-", color=colour, label={"STOPPED": "stopped early"}.get(status, status.lower()))
     ax.set_xlabel("epoch")
     ax.set_ylabel("val_acc")
     ax.set_ylim(-0.03, 1.03)

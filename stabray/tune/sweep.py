@@ -1,5 +1,5 @@
 """`python -m stabray sweep`: Optuna inside Ray Tune over a spec's search space (one objective, or
-several with a multi-objective sampler), ASHA or EAF-aware early stopping, a concurrency limit,
+several with a multi-objective sampler), ASHA, EAF-aware early stopping or search.stop_if rules, a concurrency limit,
 every trial tracked in MLflow (parent run per sweep, child per trial)."""
 
 from __future__ import annotations
