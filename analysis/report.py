@@ -130,9 +130,11 @@ def status_line(trials) -> str:
 
 
 def stopped_section(trials) -> list[str]:
-    """A Markdown list of the trials the scheduler stopped, with the epochs each ran and its best
-    validation accuracy (none: an empty list)."""
+    """A Markdown list of the trials stopped early, with the epochs each ran, what stopped it (where
+    the source says) and its best validation accuracy (none: an empty list)."""
     import polars as pl
+
+    from stabray.record import STOPPER_WORDS
 
     if not trials.height:
         return []
@@ -148,7 +150,8 @@ def stopped_section(trials) -> list[str]:
     ]
     for r in stopped.iter_rows(named=True):
         acc = "" if r.get("best_val_acc") is None else f", best val_acc {r['best_val_acc']:.3f}"
-        out.append(f"- `{r['name']}`: stopped after epoch {r['n_epochs']}{acc}")
+        who = f" by {STOPPER_WORDS.get(r['stopped_by'], r['stopped_by'])}" if r.get("stopped_by") else ""
+        out.append(f"- `{r['name']}`: stopped{who} after epoch {r['n_epochs']}{acc}")
     return [*out, ""]
 
 

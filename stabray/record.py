@@ -426,6 +426,8 @@ KERNEL_KEYS = ("torch", "kernels")
 # the scheduler (ASHA), the EAF rule (search.eaf_stop) or a search.stop_if rule. FAILED: it raised.
 # RUNNING: still going, or its driver died. KILLED: the sweep was interrupted while it ran (`--resume` continues it).
 STATUSES = ("FINISHED", "STOPPED", "FAILED", "RUNNING", "KILLED")
+# what stopped a STOPPED trial (its MLflow tag stabray.stopped_by) -> words for descriptions and reports
+STOPPER_WORDS = {"asha": "ASHA", "eaf_stop": "the EAF rule", "stop_if": "a search.stop_if rule"}
 
 
 def trial_status(*, failed: bool, done: bool, has_final: bool, killed: bool = False) -> str:
@@ -576,6 +578,7 @@ class TrialRecord:
     decomposition: list[dict] | None = None  # rows of the eq. (4) table (keys DECOMP_KEYS)
     config: dict | None = None  # the trainable's config, when the source holds it
     name: str | None = None  # the run's readable name (MLflow run name, e.g. alg1-lam0.2-b4-lr0.0031-s0)
+    stopped_by: str | None = None  # a STOPPED trial's stopper (MLflow tag stabray.stopped_by: asha, eaf_stop, stop_if)
 
 
 FINAL_METRICS = metric_names(when="final")
@@ -586,6 +589,7 @@ META_COLUMNS: dict[str, pl.DataType] = {
     "name": pl.Utf8,  # readable run name (MLflow run name; the trial directory for a Ray dir)
     "run_id": pl.Utf8,  # MLflow child run id; null for a Ray dir
     "status": pl.Utf8,  # one of STATUSES
+    "stopped_by": pl.Utf8,  # STOPPED: asha, eaf_stop or stop_if (MLflow records; null from a Ray dir)
     "config_key": pl.Utf8,  # all params but the seed, as JSON
     "task": pl.Utf8,
     "method": pl.Utf8,
@@ -687,6 +691,7 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
             "name": r.name or str(r.trial_id),
             "run_id": r.run_id,
             "status": r.status,
+            "stopped_by": r.stopped_by,
             "config_key": config_key(r.params),
             **{k: m.get(k) for k in FINAL_METRICS + EPOCH_METRICS + sized},
             # the history wins over the logged summary; the summary covers a trial without history

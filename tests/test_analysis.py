@@ -316,17 +316,18 @@ def test_row_tables_keep_a_row_for_groups_without_a_finished_trial():
 def test_report_counts_statuses_and_lists_stopped_trials():
     from analysis.report import status_line, stopped_section
 
-    trials = trials_frame(
-        [
-            rec("a", val=(0.5, 0.6, 0.7), test=0.7),
-            rec("b", method="alg1", val=(0.4, 0.45), status="STOPPED", lr=2e-3),
-            rec("c", method="alg1", val=(0.3,), status="STOPPED", lr=3e-3),
-            rec("d", method="nso", val=(0.4,), status="FAILED"),
-        ]
-    )
+    records = [
+        rec("a", val=(0.5, 0.6, 0.7), test=0.7),
+        rec("b", method="alg1", val=(0.4, 0.45), status="STOPPED", lr=2e-3),
+        rec("c", method="alg1", val=(0.3,), status="STOPPED", lr=3e-3),
+        rec("d", method="nso", val=(0.4,), status="FAILED"),
+    ]
+    records[2].stopped_by = "stop_if"  # what MLflow's tag says; a Ray dir does not know
+    trials = trials_frame(records)
+    assert trials["stopped_by"].to_list() == [None, None, "stop_if", None]
     assert status_line(trials) == "4 trials: 1 finished, 2 stopped early, 1 failed"
     text = "\n".join(stopped_section(trials))
-    assert "`c`: stopped after epoch 1, best val_acc 0.300" in text
+    assert "`c`: stopped by a search.stop_if rule after epoch 1, best val_acc 0.300" in text
     assert "`b`: stopped after epoch 2, best val_acc 0.450" in text
     assert text.index("`c`") < text.index("`b`")  # by epochs run
     assert stopped_section(trials.filter(pl.col("status") != "STOPPED")) == []

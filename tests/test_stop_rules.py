@@ -162,6 +162,12 @@ def test_a_tiny_sweep_ends_every_trial_at_the_rules_epoch(tmp_path, monkeypatch,
         acc = client.get_metric_history(r.info.run_id, "val_acc")
         assert sorted(m.step for m in acc) == [1, 2] and "test_acc" not in r.data.metrics
         assert f"val_acc = {acc[-1].value:.4g} at epoch 2, rule >= 0" in t["mlflow.note.content"]
+    from analysis.load import load_mlflow
+    from analysis.report import stopped_section
+
+    frame = load_mlflow("mini", uri, stability=False).trials  # what trials.csv is made of
+    assert frame["stopped_by"].to_list() == ["stop_if", "stop_if"] and frame["status"].to_list() == ["STOPPED"] * 2
+    assert "\n".join(stopped_section(frame)).count("stopped by a search.stop_if rule after epoch 2") == 2
     parent = next(r for r in runs if r.data.tags.get("stabray.role") == "sweep")
     assert parent.data.params["stop_if"] == "val_acc >= 0 at epoch 2"
     assert "search.stop_if stops a trial when val_acc >= 0 at epoch 2" in parent.data.tags["mlflow.note.content"]

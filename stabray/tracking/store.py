@@ -521,6 +521,7 @@ class Store:
                         status=status,
                         run_id=rid,
                         name=run.info.run_name,
+                        stopped_by=tags.get(STOPPED_BY),
                         decomposition=self.download_json(rid, "stability/decomposition.json") if stability else None,
                     )
                 )

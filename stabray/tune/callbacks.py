@@ -19,6 +19,7 @@ from stabray.config import get_path
 from stabray.record import (
     KERNEL_KEYS,
     STABILITY_TABLE,
+    STOPPER_WORDS,
     is_departure_metric,
     is_metric,
     is_trial_config,
@@ -28,7 +29,7 @@ from stabray.record import (
 )
 from stabray.tracking import Store, ended_status
 from stabray.tracking.store import CHECKPOINT, NOTE, STOPPED_AT, STOPPED_BY, TAG_CHARS, numeric_metrics
-from stabray.tune.stop_rules import STOPPER_WORDS, stop_detail, stopped_by
+from stabray.tune.stop_rules import stop_detail, stopped_by
 
 CURVES = ("train_loss", "val_acc", "steps_val_acc", "val_eaf")  # per-epoch panels in plots/curves.png, if logged
 KERNEL_HISTORY = "stabray.kernels_history"  # tag: "<epoch>: <torch>, <path>; ..." once a restore changed the path

@@ -21,8 +21,7 @@ from typing import Any, Callable
 from ray.tune import Callback
 
 from stabray.config import get_path
-from stabray.record import run_name, trial_status, unwrap
-from stabray.tune.stop_rules import STOPPER_WORDS
+from stabray.record import STOPPER_WORDS, run_name, trial_status, unwrap
 
 WIDTH = 120  # the widest line the view prints
 MAX_ROWS = 14  # table rows on a terminal: every running trial, then the best ended ones

@@ -24,9 +24,6 @@ from ray.tune import Stopper
 
 from stabray.config import StopIfCfg
 
-# tag stabray.stopped_by -> words in the trial's description and the console
-STOPPER_WORDS = {"asha": "ASHA", "eaf_stop": "the EAF rule", "stop_if": "a search.stop_if rule"}
-
 
 class RuleStopper(Stopper):
     tag = "stop_if"
