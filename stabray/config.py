@@ -5,6 +5,7 @@ errors that name the field; sweep specs are validated completely before Ray star
 from __future__ import annotations
 
 import copy
+import operator
 import os
 import re
 import types
@@ -430,6 +431,7 @@ class EafStopCfg(Strict):
     min_trials: int = Field(3, ge=2)  # reports at an epoch before its median is trusted
 
 
+_COMPARE = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 _STOP_WHEN = re.compile(r"\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*")
 
 
@@ -462,9 +464,7 @@ class StopIfCfg(Strict):
 
     def holds(self, value: float) -> bool:
         """Whether `value` satisfies the comparison (NaN never does)."""
-        return {">=": value >= self.bound, ">": value > self.bound, "<=": value <= self.bound, "<": value < self.bound}[
-            self.op
-        ]
+        return _COMPARE[self.op](value, self.bound)
 
     def describe(self) -> str:
         return f"{self.metric} {self.when} at epoch {self.epoch}"
