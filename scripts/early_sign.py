@@ -3,7 +3,8 @@ at init std 0.1 tracked at epoch E (calibrate.py --track-every), the share of it
 first wrong token is a step's variable (token 0) at epoch E, beside `val_departure_tok0` at E (the
 validation twin a sweep's `search.stop_if` rule reads; absent in rows older than that metric), when
 it first fits (validation accuracy >= 0.95), and what the rule "share >= THRESHOLD: it never fits"
-calls it. Rows are the 1-based lines of the results file (the README's calibration-table rows).
+calls it; beside it the share off at the operation (token 1), the other lookup a stuck run can
+lack. Rows are the 1-based lines of the results file (the README's calibration-table rows).
 
 The threshold was chosen after looking at rows 165-180 (--chosen-on), so the 2x2 table and Fisher's
 exact test are printed twice: on those rows (where the rule was read, so the p-value flatters it) and
@@ -27,13 +28,14 @@ def first_fit(row: dict) -> int | None:
     return next((int(e["epoch"]) for e in row.get("epochs", []) if e.get("val_acc", 0.0) >= FIT), None)
 
 
-def reading(row: dict, epoch: int) -> tuple[float, float | None] | None:
-    """(test share off at the variable, val_departure_tok0) at `epoch`, or None when not tracked then."""
+def reading(row: dict, epoch: int) -> tuple[float, float, float | None] | None:
+    """(test share off at the variable, test share off at the operation, val_departure_tok0) at
+    `epoch`, or None when not tracked then."""
     at = next((e for e in row.get("epochs", []) if int(e["epoch"]) == epoch), None)
     if at is None or "track_departure" not in at:
         return None
-    n = row["final"]["test"]["n"]
-    return at["track_departure"]["test"].get("0", 0) / n, at.get("val_departure_tok0")
+    n, off = row["final"]["test"]["n"], at["track_departure"]["test"]
+    return off.get("0", 0) / n, off.get("1", 0) / n, at.get("val_departure_tok0")
 
 
 def eligible(row: dict) -> bool:
@@ -49,7 +51,7 @@ def table(rows: list[tuple[int, dict]], epoch: int, threshold: float) -> list[di
         got = reading(r, epoch) if eligible(r) else None
         if got is None:
             continue
-        share, val = got
+        share, op, val = got
         fit = first_fit(r)
         out.append(
             {
@@ -57,6 +59,7 @@ def table(rows: list[tuple[int, dict]], epoch: int, threshold: float) -> list[di
                 "profile": r["profile"].split("_")[0],
                 "seed": r["seed"],
                 "share": share,
+                "op": op,
                 "val": val,
                 "fit": fit,
                 "called_stuck": share >= threshold,
@@ -87,14 +90,16 @@ def main() -> None:
     items = table(rows, args.epoch, args.threshold)
     print(f"delta_op runs at init std 0.1 tracked at epoch {args.epoch}; rule: share off at the variable >= "
           f"{args.threshold:g} -> never fits (val_acc >= {FIT} in no epoch)")  # fmt: skip
-    print(f"{'row':>4} {'profile':8} {'seed':>4} {'test share':>10} {'val_dep_tok0':>12} {'fits at':>8}  called  right")
+    head = f"{'row':>4} {'profile':8} {'seed':>4} {'test share':>10} {'(at op)':>8} {'val_dep_tok0':>12} {'fits at':>8}"
+    print(head + "  called  right")
     for t in items:
         val = "-" if t["val"] is None else f"{t['val']:.3f}"
         fit = "never" if t["fit"] is None else str(t["fit"])
         called = "stuck" if t["called_stuck"] else "fits"
         right = t["called_stuck"] == (t["fit"] is None)
         print(
-            f"{t['row']:>4} {t['profile']:8} {t['seed']:>4} {t['share']:>10.3f} {val:>12} {fit:>8}  {called:6}  "
+            f"{t['row']:>4} {t['profile']:8} {t['seed']:>4} {t['share']:>10.3f} {t['op']:>8.3f} {val:>12} {fit:>8}  "
+            f"{called:6}  "
             f"{'yes' if right else 'NO'}"
         )
     for label, part in (

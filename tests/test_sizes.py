@@ -547,6 +547,7 @@ def test_early_sign_counts_calls_against_outcomes():
     items = sign.table(list(enumerate(rows, 1)), epoch=2, threshold=0.5)
     assert [t["row"] for t in items] == [1, 2, 3, 4, 5]
     assert [t["share"] for t in items] == [0.6, 0.55, 0.2, 0.45, 0.1] and items[0]["val"] == 0.6
+    assert {t["op"] for t in items} == {3 / 20}
     assert [t["fit"] for t in items] == [None, 3, 4, None, 4]
     m, p = sign.two_by_two(items)
     assert m == [[1, 1], [1, 2]] and p == pytest.approx(fisher_exact([[1, 1], [1, 2]])[1])
