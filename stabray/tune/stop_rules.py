@@ -3,12 +3,13 @@
 A rule judges one epoch's result of each trial on its own (no peers, unlike ASHA or the EAF rule):
 `{metric: val_departure_tok0, epoch: 40, when: ">= 0.5"}` stops a trial whose result of epoch 40 has
 val_departure_tok0 >= 0.5. The use it was made for: a LEGO run on the clause-lookup plateau (most of
-its wrong chains first go off at a step's variable at epoch 40) mostly never leaves it, and its slot
-is better spent on the next start (another `seed` or `model.init_seed` of the search space; a grid
-adds no replacement for a stopped trial). docs/calibration.md ("An early sign of the plateau") has
-the runs that threshold was read on and the later runs it was checked against
-(`scripts/early_sign.py` prints both). A value that is missing or NaN never stops a trial; a trial
-restored from a checkpoint past the rule's epoch is not judged again.
+its wrong chains first go off at a step's variable at epoch 40) often never leaves it, and its slot
+would be better spent on the next start (another `seed` or `model.init_seed` of the search space; a
+grid adds no replacement for a stopped trial). docs/calibration.md ("An early sign of the plateau")
+has the runs that threshold was read on and the later runs it was checked against, on which it did
+not predict (`scripts/early_sign.py` prints both): the rule is the mechanism, not a tested recipe.
+A value that is missing or NaN never stops a trial; a trial restored from a checkpoint past the
+rule's epoch is not judged again.
 
 `stoppers(search)` gives Ray Tune one stopper for the sweep (None, one, or `Stoppers`); each stabray
 stopper keeps `stopped` (trial_id -> epoch) and a `tag`, which the MLflow callback writes as the
