@@ -314,9 +314,15 @@ def departure_metric(token: int, split: str = "val") -> str:
     return acc_metric(split).replace("_acc", f"_departure_tok{token}", 1)  # named as its accuracy is
 
 
+def departure_token(name: str) -> int | None:
+    """The token index k of a per-epoch departure metric (val_departure_tok<k>), else None."""
+    m = _DEPARTURE_METRIC.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
 def is_departure_metric(name: str) -> bool:
     """Whether a name is one of the per-epoch departure metrics (val_departure_tok<k>)."""
-    return bool(_DEPARTURE_METRIC.fullmatch(name))
+    return departure_token(name) is not None
 
 
 def declared(name: str) -> Metric | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from stabray.config import (
     validation_problem,
 )
 from stabray.errors import SpecError, UserError, did_you_mean
-from stabray.record import is_departure_metric, searchable_metrics
+from stabray.record import departure_token, is_departure_metric, searchable_metrics
 
 DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
 
@@ -270,10 +269,9 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
     (k = that count is the chain's end)."""
     import numpy as np
 
-    from stabray.evaluate.metrics import writes_whole_chain
+    from stabray.evaluate.metrics import longest_step, writes_whole_chain
     from stabray.methods import get_method
     from stabray.tasks import get_task
-    from stabray.tasks.base import normalize_answer
 
     cfg = TrialConfig.model_validate(trial)
     method = get_method(cfg.method.name, **cfg.method.params)
@@ -297,9 +295,8 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
     rng = np.random.RandomState(0)
     examples = [task.sample(rng, n) for n in task.in_dist_sizes for _ in range(4)]
     if writes_whole_chain(method, examples):
-        token = re.fullmatch(r"val_departure_tok(\d+)", metric)
-        longest = max((len(normalize_answer(st).split()) for e in examples for st in e.steps), default=0)
-        if token and int(token.group(1)) > longest:
+        token, longest = departure_token(metric), longest_step(examples)
+        if token is not None and token > longest:
             return (
                 f"{cfg.task.name}'s steps have at most {longest} tokens here, so its trials report "
                 f"val_departure_tok0 to val_departure_tok{longest} (the last: a chain that stops, goes on or "

@@ -77,13 +77,17 @@ def departures(examples: list[Example], texts: list[str]) -> dict[str, int]:
     return {str(i): where.count(i) for i in sorted({w for w in where if w is not None})}
 
 
+def longest_step(examples: list[Example]) -> int:
+    """Tokens of the longest step over the examples' chains (a departure at this index: the chain's end)."""
+    return max((len(normalize_answer(s).split()) for ex in examples for s in ex.steps), default=0)
+
+
 def departure_shares(examples: list[Example], texts: list[str]) -> dict[int, float]:
     """`departures` as fractions of all the examples, with every token index from 0 to the longest
     step's end present (0.0 where no chain goes off), so a per-epoch curve has a point at every
     epoch; they add up to 1 - steps_acc."""
     where = [first_departure_token(e.steps, t) for e, t in zip(examples, texts)]
-    longest = max((len(normalize_answer(s).split()) for ex in examples for s in ex.steps), default=0)
-    last = max([longest, *(w for w in where if w is not None)])
+    last = max([longest_step(examples), *(w for w in where if w is not None)])
     n = max(len(examples), 1)
     return {k: where.count(k) / n for k in range(last + 1)}
 
