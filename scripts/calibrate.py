@@ -284,7 +284,22 @@ def main() -> None:
         "that has per-stride results (--eval-strides), score each example at the stride stabray's model picks "
         "for it (model.position_eval_stride: a list) from the stored per-example results",
     )
+    ap.add_argument(
+        "--save",
+        default="",
+        metavar="DIR",
+        help="after training, keep the trained model in DIR as a trial checkpoint (TrialRun.save: tensors only, "
+        "read back with weights_only; the tokenizer; the config), for diagnostics that read the model without "
+        "training it again (scripts/answer_probe.py)",
+    )
     args = ap.parse_args()
+    if args.save:
+        from stabray.errors import unwritable
+
+        if Path(args.save).is_file():
+            raise SystemExit(f"--save {args.save}: a file is there; give a folder")
+        if (why := unwritable(Path(args.save))) is not None:  # refused before training, not after
+            raise SystemExit(f"--save {args.save}: {why}")
     if args.track_every < 0:
         raise SystemExit(f"--track-every must be >= 0 (0 = off), got {args.track_every}")
 
@@ -342,6 +357,8 @@ def main() -> None:
                     f"{s} " + "/".join(f"{i}:{n}" for i, n in d.items()) for s, d in dep.items() if d
                 )
             print("    track: " + line, flush=True)
+    if args.save:
+        run.save(args.save)
     final = {s: split_report(run, s) for s in ("test", *run.long_splits)}
     strides = {}
     if args.eval_strides:
