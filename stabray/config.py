@@ -87,10 +87,10 @@ PRESETS: dict[str, dict[str, int]] = {
     "mini": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
     "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),
     "base": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=1024),
-    # seed 001: one-layer transformers with one or two attention heads (tree path finding)
+    # the multi-head reasoning paper: one-layer transformers with one or two attention heads (tree path finding)
     "onelayer1h": dict(hidden_size=64, num_layers=1, num_heads=1, intermediate_size=256),
     "onelayer2h": dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=256),
-    # seeds 002/003, NTP vs MTP: "mtp_small" is the laptop stand-in; "mtp8" has the paper's 8 layers
+    # the MTP planning paper, NTP vs MTP: "mtp_small" is the laptop stand-in; "mtp8" has the paper's 8 layers
     # (the width is ours: the seeds give only the depth)
     "mtp_small": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
     "mtp8": dict(hidden_size=256, num_layers=8, num_heads=8, intermediate_size=1024),

@@ -306,7 +306,7 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
     return (
         f"{metric} scores the written chain against each example's whole chain, which method "
         f"{cfg.method.name!r} does not write at evaluation here, so its trials would never report it; "
-        "optimise val_acc, or use a method that writes every step (sft_cot, qat, alg1 at lam 1)"
+        "optimise val_acc, or use a method that writes every step (sft_cot, nso, jacreg, alg1 or mtp at lam 1)"
     )
 
 

@@ -77,7 +77,7 @@ def test_heads_are_parameters_but_not_in_the_forward_pass():
 
 def test_only_intended_parameters_get_gradients():
     # the heads read the first block's output of a 2-layer model: their loss must reach the heads,
-    # the embeddings and block 0, and nothing in block 1 (seed 002's "shallow head" decoupling)
+    # the embeddings and block 0, and nothing in block 1 (the MTP planning paper's "shallow head" decoupling)
     model, tok = tiny("mini")
     method = get_method("mtp", k=3, from_layer=1)
     model = method.prepare(model)

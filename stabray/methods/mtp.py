@@ -8,7 +8,7 @@ so they are in `model.parameters()`, the optimizer and checkpoints; the model's 
 
 Head j (offset j = 2..k) reads the hidden state of layer `from_layer` (hidden_states index: -1 =
 the last, after the final norm, i.e. what the LM head reads; 1 = after the first block, the
-"shallow head" of seed 002's analysis) and maps it to logits through the model's own output
+"shallow head" of the MTP planning paper's analysis) and maps it to logits through the model's own output
 embedding (shared unembedding):
 - `linear`: logits = unembed(W_j LN_j(h)), W_j a hidden x hidden matrix;
 - `mlp`: logits = unembed(LN'_j(h + W2_j gelu(W1_j LN_j(h)))), a residual MLP of width 4 x hidden.

@@ -13,7 +13,7 @@ one path). Without hints the output line is `path` and the answer is the vector 
 - `star_graph` (Bachmann & Nagarajan): a source with `degree` arms, each a chain; the path runs
   from the source to the goal at the end of one arm, `path_len` nodes counting both ends. Only the
   first step is a decision; after it, teacher forcing lets next-token prediction follow the one
-  out-edge of the previous node (the "Clever Hans" shortcut), which is what seed 003 says NTP
+  out-edge of the previous node (the "Clever Hans" shortcut), which is what the MTP planning paper says NTP
   stalls on (about 1/degree) and MTP escapes.
 - `binary_tree_path`: a perfect binary tree of `depth` levels below the root, random labels; the
   path from the root down to a goal leaf. Every step chooses one of two children.
