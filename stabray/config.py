@@ -239,10 +239,10 @@ class TrainCfg(Strict):
     epochs: int = Field(8, ge=1)  # passes over the training split (ASHA's time unit)
     batch_size: int = Field(32, ge=1)  # examples per optimisation step
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False)  # AdamW peak learning rate
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False)  # AdamW decoupled weight decay
     warmup_steps: int = Field(20, ge=0)  # linear warm-up, then `schedule`
     schedule: Literal["cosine", "constant"] = "cosine"  # cosine: down to 10% of lr over all epochs
-    grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 = off
+    grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False)  # max global gradient norm; 0 = off
     max_steps_per_epoch: int = Field(0, ge=0)  # 0 = the whole split; > 0 caps an epoch (tests, smoke runs)
     threads: int = Field(0, ge=0)  # torch CPU threads; 0 = leave torch's default (Ray sets it from num_cpus)
     # batches of examples of similar length (stabray.train.loop.length_grouped_batches): less padding,

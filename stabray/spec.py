@@ -200,6 +200,8 @@ def space_path(key: str) -> str:
     return SHORT_NAMES.get(key, key)
 
 
+GOLDEN = (math.sqrt(5) - 1) / 2  # an irrational fraction: the point it picks inside a range is never whole
+
 MAX_ENUMERATED = 1024  # a randint range up to this many values is checked value by value
 
 
@@ -210,8 +212,9 @@ def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
     """Values to check per searched path, so that every value a distribution can produce builds a
     valid trial: every choice; every integer of a randint range (above MAX_ENUMERATED values,
     that many evenly spaced ones, both ends included); the ends and the middle of a continuous
-    range (its validators are intervals: ends plus an interior value cover them, and the middle
-    value catches a continuous range on an integer field)."""
+    range and a point at the golden fraction of it (its validators are intervals: ends plus an interior
+    value cover them, and the golden point, never a whole number, catches a continuous range on an
+    integer field, whose middle can be whole: uniform [8, 16])."""
     out = {}
     for key, dist in spec.search.space.items():
         kind = dist.kind()
@@ -224,10 +227,10 @@ def sample_points(spec: SweepSpec) -> dict[str, list[Any]]:
                 out[key] = list(range(lo, hi + 1))
             else:
                 out[key] = sorted({lo + round(i * (hi - lo) / (MAX_ENUMERATED - 1)) for i in range(MAX_ENUMERATED)})
-        elif kind == "uniform":
-            out[key] = [v[0], (v[0] + v[1]) / 2, v[1]]
-        else:  # loguniform: the geometric middle
-            out[key] = [v[0], math.sqrt(v[0] * v[1]), v[1]]
+        elif kind == "uniform":  # and a point no whole number can be (a range on an integer field)
+            out[key] = [v[0], (v[0] + v[1]) / 2, v[0] + (v[1] - v[0]) * GOLDEN, v[1]]
+        else:  # loguniform: the geometric middle, and a point at the golden fraction of the log range
+            out[key] = [v[0], math.sqrt(v[0] * v[1]), v[0] * (v[1] / v[0]) ** GOLDEN, v[1]]
     return out
 
 
@@ -394,6 +397,13 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
                 where,
                 f"search.space.{key}",
                 f"not a trial field; use one of {', '.join(SHORT_NAMES)} or a path like train.lr",
+            )
+        if p == "method.name":
+            raise SpecError(
+                where,
+                f"search.space.{key}",
+                "the method is not a search-space field (each method has its own hyperparameters and space); "
+                "list them under `methods:` instead, one Optuna study each (sweeps/dijkstra_methods.yaml)",
             )
         if p.startswith("model.lora.") and spec.model.lora is None:
             raise SpecError(where, f"search.space.{key}", "searches a LoRA field but model.lora is not set")

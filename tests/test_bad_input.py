@@ -210,6 +210,22 @@ CASES = [
     ("ui_host_not_an_address", ["ui", "--host", "999.1.1.1", "--no-wait"], {}, ["--host 999.1.1.1", "not a host name or address"]),
     ("ui_port_invalid", ["ui", "--port", "70000"], {}, ["--port 70000", "1-65535"]),
     ("ui_port_taken", ["ui", "--port", "{busy}", "--no-wait"], {}, ["127.0.0.1:", "in use", "--port"]),
+    # -- stores, storage and addresses a run would meet only after Ray started
+    ("dry_run_deleted_experiment", ["sweep", "s.yaml", "--dry-run", "--tracking-uri", "{F}/store.db", "--set", "mlflow.experiment=gone"], {"s.yaml": spec()}, ["MLflow experiment 'gone'", "is deleted", "mlflow experiments restore --experiment-id"]),
+    ("sweep_deleted_experiment", ["sweep", "s.yaml", "--tracking-uri", "{F}/store.db", "--set", "mlflow.experiment=gone"], {"s.yaml": spec()}, ["MLflow experiment 'gone'", "is deleted"]),
+    ("report_deleted_experiment", ["report", "--experiment", "gone", "--tracking-uri", "{F}/store.db"], {}, ["MLflow experiment 'gone'", "is deleted"]),
+    ("experiment_name_too_long", ["sweep", "s.yaml", "--dry-run", "--set", "mlflow.experiment=" + "a" * 501], {"s.yaml": spec()}, ["has 501 characters", "at most 500"]),
+    ("tracking_uri_in_memory", ["sweep", "s.yaml", "--tracking-uri", "sqlite://"], {"s.yaml": spec()}, ["tracking store sqlite://", "an in-memory database"]),
+    ("tracking_uri_memory_file", ["sweep", "s.yaml", "--dry-run", "--tracking-uri", "sqlite:///:memory:"], {"s.yaml": spec()}, [":memory:", "an in-memory database"]),
+    ("tracking_uri_two_slashes", ["sweep", "s.yaml", "--dry-run", "--tracking-uri", "sqlite://m.db"], {"s.yaml": spec()}, ["tracking store sqlite://m.db", "not sqlite:/// and a path"]),
+    ("tracking_uri_unknown_user", ["sweep", "s.yaml", "--tracking-uri", "~nouser_stabray/m.db"], {"s.yaml": spec()}, ["~nouser_stabray/m.db", "cannot expand the ~"]),
+    ("storage_unknown_user", ["sweep", "s.yaml", "--dry-run", "--storage", "~nouser_stabray/runs"], {"s.yaml": spec()}, ["--storage ~nouser_stabray/runs", "cannot expand the ~"]),
+    ("report_store_empty_file", ["report", "--experiment", "x", "--tracking-uri", "m.db"], {"m.db": ""}, ["no MLflow store at", "an empty file"]),
+    ("address_ray_client_without_host", ["sweep", "s.yaml", "--dry-run", "--address", "ray://"], {"s.yaml": spec()}, ["--address ray://", "no host"]),
+    # -- search spaces and values a trial would meet only inside Ray
+    ("uniform_on_an_integer_field", ["sweep", "s.yaml", "--set", "search.space.train.batch_size={uniform: [8, 16]}"], {"s.yaml": spec()}, ["search.space.train.batch_size", "uniform [8.0, 16.0] can produce 12.94", "valid integer"]),
+    ("method_name_searched", ["sweep", "s.yaml", "--set", "search.space.method.name={choice: [alg1, sft_cot]}"], {"s.yaml": spec()}, ["search.space.method.name", "not a search-space field", "methods:"]),
+    ("weight_decay_infinite", ["sweep", "s.yaml", "--set", "train.weight_decay=.inf"], {"s.yaml": spec()}, ["--set train.weight_decay=.inf", "finite"]),
     ("tasks_unknown", ["tasks", "dijkstar"], {}, ["unknown task 'dijkstar'"]),
     ("command_unknown", ["sweeep"], {}, ["invalid choice: 'sweeep'"]),
 ]
@@ -313,7 +329,9 @@ def fixtures(tmp_path_factory):
     }
     make_run(cfg).save(fx / "ck")
     torch.save({"model": Evil(fx / "pwned"), "trainer": {}}, fx / "evil.pt")
-    MlflowClient(f"sqlite:///{fx / 'store.db'}").create_experiment("exists")
+    client = MlflowClient(f"sqlite:///{fx / 'store.db'}")
+    client.create_experiment("exists")
+    client.delete_experiment(client.create_experiment("gone"))  # a deleted experiment keeps its name
     FIXTURES_AT_START.update(snapshot(fx))
     return fx
 
@@ -638,3 +656,49 @@ def test_did_you_mean_names_the_closest_choices_or_nothing():
     assert did_you_mean("dijkstra_method", specs, n=3) == "did you mean dijkstra_methods or dijkstra?"
     assert did_you_mean("dijkstra_method", specs, n=1) == "did you mean dijkstra_methods?"
     assert did_you_mean(3, ["3x", "y"], cutoff=0.5) == "did you mean 3x?"  # a YAML key need not be a string
+
+
+def test_a_bucket_that_never_answers_is_an_error_after_the_wait(monkeypatch):
+    """gs:// without Google credentials waits on a metadata server without end inside pyarrow; the storage
+    check gives up after REACH_S (here 0.3 s) with one error naming the bucket."""
+    import time
+
+    import pyarrow.fs as pafs
+
+    from stabray.errors import UserError
+    from stabray.tune import storage
+
+    class Hanging:
+        def get_file_info(self, path):
+            time.sleep(30)
+
+    class FileSystem:  # pyarrow's type is immutable: the module's name is replaced instead
+        @staticmethod
+        def from_uri(uri):
+            return Hanging(), uri.split("://", 1)[1]
+
+    monkeypatch.setattr(pafs, "FileSystem", FileSystem)
+    monkeypatch.setattr(storage, "REACH_S", 0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=r"--storage gs://b/x: the bucket 'b' did not answer within 0.3 s"):
+        storage.open_storage("gs://b/x", "--storage")
+    assert time.perf_counter() - t0 < 5
+    assert storage._answer_within(lambda: 7, 1) == 7
+    with pytest.raises(OSError, match="denied"):  # an error of the call itself comes back as raised
+        storage._answer_within(lambda: (_ for _ in ()).throw(PermissionError("denied")), 1)
+
+
+def test_a_ray_client_address_needs_grpc(monkeypatch):
+    """ray://host:port goes through Ray Client, which `ray.init` refuses without grpcio only after the sweep
+    made its store; the address check refuses it first (and says how to install it)."""
+    import importlib.util
+
+    from stabray.errors import UserError
+    from stabray.tune.sweep import check_address_form
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    with pytest.raises(UserError, match=r"--address ray://10.0.0.1:10001: .* pip install 'ray\[client\]'"):
+        check_address_form("ray://10.0.0.1:10001")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "grpc" else real(name, *a))
+    check_address_form("ray://10.0.0.1:10001")  # with grpcio: a client address is left to Ray

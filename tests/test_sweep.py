@@ -356,7 +356,13 @@ def test_sample_points_cover_what_a_distribution_can_produce():
     pts = sample_points(spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})}))
     assert pts["a"] == list(range(1, 9))  # every integer, both ends included
     assert len(pts["b"]) == MAX_ENUMERATED and pts["b"][0] == 0 and pts["b"][-1] == 10 * MAX_ENUMERATED
-    assert pts["c"] == pytest.approx([0.2, 0.4, 0.6]) and pts["d"] == pytest.approx([1e-4, 1e-3, 1e-2])
+    g = (5**0.5 - 1) / 2  # the golden fraction: a point inside the range that no whole number can be
+    assert pts["c"] == pytest.approx([0.2, 0.4, 0.2 + 0.4 * g, 0.6])
+    assert pts["d"] == pytest.approx([1e-4, 1e-3, 1e-4 * 100**g, 1e-2])
+    ints = sample_points(
+        spec.model_copy(update={"search": spec.search.model_copy(update={"space": {"e": Dist(uniform=(8, 16))}})})
+    )
+    assert any(not float(v).is_integer() for v in ints["e"])  # the middle, 12, is whole; the golden point is not
 
 
 PAPER_TASKS = {  # the paper's seven evaluations (Table 1) and their sizes (section 4)

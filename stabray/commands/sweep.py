@@ -90,17 +90,19 @@ def run(args) -> int:
         if problem := local_model_problem(spec.model.pretrained):
             raise UserError(f"{sources.get('model.pretrained', path)}: {problem}")
     if args.dry_run:  # the store and the storage too: what a real run would check before Ray starts
-        from stabray.tracking import check_store, resolve_tracking_uri
+        from stabray.tracking import check_experiment, check_store, resolve_tracking_uri
         from stabray.tune.storage import open_storage
 
         results = open_storage(args.storage or spec.storage, "--storage" if args.storage else "storage")
         uri = resolve_tracking_uri(args.tracking_uri, spec.mlflow.tracking_uri)
+        experiment = spec.mlflow.experiment or spec.name
         if args.resume:  # the run it would continue, its record checked, and the store that record names
             from stabray.tune.sweep import resumed_run
 
             run, saved = resumed_run(results, spec.name)
-            uri = saved["tracking_uri"]
+            uri, experiment = saved["tracking_uri"], saved["experiment"]
         check_store(uri, create=True, write=True)
+        check_experiment(uri, experiment)
         from stabray.tune.sweep import check_address, check_local_resources
 
         check_address(args.address)  # an address nothing answers at, or a stale one recorded here

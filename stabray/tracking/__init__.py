@@ -2,6 +2,7 @@
 
 from stabray.tracking.store import (
     Store,
+    check_experiment,
     check_store,
     checkpoint_dir_of,
     ended_status,
@@ -13,6 +14,7 @@ from stabray.tracking.store import (
 
 __all__ = [
     "Store",
+    "check_experiment",
     "check_store",
     "checkpoint_dir_of",
     "ended_status",

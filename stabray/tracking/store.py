@@ -51,7 +51,11 @@ def resolve_tracking_uri(flag: str | None = None, spec: str | None = None, cwd: 
         rel = uri[len("sqlite:///") :]
         uri = "sqlite:///" + str((Path(cwd or os.getcwd()) / rel).absolute())
     elif "://" not in uri and not uri.startswith("file:") and uri not in ("databricks", "databricks-uc", "uc"):
-        uri = "sqlite:///" + str((Path(cwd or os.getcwd()) / Path(uri).expanduser()).absolute())  # a bare path
+        try:
+            path = Path(uri).expanduser()
+        except RuntimeError as e:  # ~name of a user this machine does not know
+            raise UserError(f"tracking store {uri}: cannot expand the ~ ({e})") from None
+        uri = "sqlite:///" + str((Path(cwd or os.getcwd()) / path).absolute())  # a bare path
     return uri
 
 
@@ -125,6 +129,14 @@ def check_store(uri: str, *, create: bool, write: bool = False) -> None:
     answer within REACH_TIMEOUT_S (MLflow itself retries for minutes). Without `write`, a database
     that exists is only read where it is (`stabray ui` can browse one on a read-only mount)."""
     check_scheme(uri)
+    if uri.lower().startswith("sqlite:"):
+        memory = uri.rstrip("/").lower() == "sqlite:" or ":memory:" in uri
+        if memory or not uri.startswith("sqlite:///"):
+            raise UserError(
+                f"tracking store {uri}: "
+                + ("an in-memory database, lost when the process ends" if memory else "not sqlite:/// and a path")
+                + "; give a database file: sqlite:///relative.db, sqlite:////absolute/mlflow.db, or a bare path"
+            )
     db = sqlite_path(uri)
     if db is not None:
         if db.is_dir():
@@ -134,6 +146,8 @@ def check_store(uri: str, *, create: bool, write: bool = False) -> None:
                 head = f.read(len(SQLITE_HEADER))
             if head and head != SQLITE_HEADER:  # an empty file is an empty database
                 raise UserError(f"tracking store {uri}: not an SQLite database (a damaged or another file)")
+            if not head and not create:  # reading it would write MLflow's tables into it
+                raise UserError(f"no MLflow store at {db} (an empty file; run a sweep first, or pass --tracking-uri)")
             if write and (why := unwritable(db.parent)):
                 raise UserError(f"tracking store {uri}: a sweep writes to it, but {why}")
         elif not create:
@@ -167,6 +181,60 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+MAX_EXPERIMENT_NAME = 500  # MLflow refuses a longer experiment name (the length of its `name` column)
+
+
+def check_name(experiment: str) -> None:
+    if len(experiment) > MAX_EXPERIMENT_NAME:
+        raise UserError(
+            f"MLflow experiment name {experiment[:40]}... has {len(experiment)} characters; MLflow takes at most "
+            f"{MAX_EXPERIMENT_NAME} (mlflow.experiment, or the spec's name)"
+        )
+
+
+def _lookup(uri: str, experiment: str):
+    """(client, the experiment named so or None), or one UserError saying why the store cannot be read: a
+    damaged database, a server that refuses us, a database driver not installed, an experiment of that
+    name that is deleted (MLflow keeps a deleted one's name: a new one cannot take it, and logging to it
+    fails)."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        client = _client(uri)
+        exp = client.get_experiment_by_name(experiment)
+    except (MlflowException, SQLAlchemyError) as e:  # a damaged database, a server that refuses us
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot open the MLflow store {uri}: {first}") from None
+    except ImportError as e:  # postgresql:// or mysql:// without its database driver installed
+        if "://" not in uri or uri.split("://", 1)[0].startswith(("http", "file", "sqlite")):
+            raise
+        package = DRIVER_PACKAGES.get(e.name or "", e.name)
+        raise UserError(
+            f"cannot open the MLflow store {uri}: its database driver is not installed "
+            f"(SQLAlchemy found no module {e.name!r}; pip install {package})"
+        ) from None
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        raise UserError(
+            f"MLflow experiment {experiment!r} at {uri} is deleted (id {exp.experiment_id}): restore it "
+            f"(MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp.experiment_id}), or "
+            "use another name (--set mlflow.experiment=NAME for a sweep, --experiment for report)"
+        )
+    return client, exp
+
+
+def check_experiment(uri: str, experiment: str) -> None:
+    """What `Store(uri, experiment)` would refuse, asked before Ray starts and creating nothing: a name MLflow
+    refuses, or a store that is there but cannot be read, or whose experiment of that name is deleted
+    (`_lookup`). A sqlite database still to be created (missing, or an empty file) has nothing more to
+    ask; `check_store` comes first."""
+    check_name(experiment)
+    db = sqlite_path(uri)
+    if db is not None and (not db.exists() or db.stat().st_size == 0):
+        return
+    _lookup(uri, experiment)
+
+
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """The numeric values, NaN and infinities included: a metric that became NaN is a result (the
     estimator or the training diverged), and dropping it would read as "not measured". MLflow keeps
@@ -183,25 +251,10 @@ class Store:
     when missing (a sweep); `Store.existing(uri, name)` only reads one that is there."""
 
     def __init__(self, tracking_uri: str, experiment: str, *, create: bool = True):
-        from mlflow.exceptions import MlflowException
-        from sqlalchemy.exc import SQLAlchemyError
-
         self.uri, self.experiment = tracking_uri, experiment
+        check_name(experiment)
         check_store(tracking_uri, create=create)
-        try:
-            self.client = _client(tracking_uri)
-            exp = self.client.get_experiment_by_name(experiment)
-        except (MlflowException, SQLAlchemyError) as e:  # a damaged database, a server that refuses us
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"cannot open the MLflow store {tracking_uri}: {first}") from None
-        except ImportError as e:  # postgresql:// or mysql:// without its database driver installed
-            if "://" not in tracking_uri or tracking_uri.split("://", 1)[0].startswith(("http", "file", "sqlite")):
-                raise
-            package = DRIVER_PACKAGES.get(e.name or "", e.name)
-            raise UserError(
-                f"cannot open the MLflow store {tracking_uri}: its database driver is not installed "
-                f"(SQLAlchemy found no module {e.name!r}; pip install {package})"
-            ) from None
+        self.client, exp = _lookup(tracking_uri, experiment)
         if exp is None and not create:
             names = [e.name for e in self.client.search_experiments()]
             raise UserError(f"no MLflow experiment {experiment!r} at {tracking_uri}; available: {names}")

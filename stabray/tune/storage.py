@@ -119,7 +119,10 @@ def open_storage(location: str | None, label: str = "storage") -> Storage:
 
     location = location or DEFAULT
     if not is_remote(location):
-        root = Path(location.removeprefix("file://")).expanduser().absolute()
+        try:
+            root = Path(location.removeprefix("file://")).expanduser().absolute()
+        except RuntimeError as e:  # ~name of a user this machine does not know
+            raise UserError(f"{label} {location}: cannot expand the ~ ({e})") from None
         if root.exists() and not root.is_dir():
             raise UserError(f"{label} {root}: a file, not a directory")
         above = next((p for p in root.parents if p.exists()), None)
@@ -137,12 +140,44 @@ def open_storage(location: str | None, label: str = "storage") -> Storage:
     if not bucket:
         raise UserError(f"{label} {location}: no bucket in the URI (s3://BUCKET/prefix)")
     try:
-        info = fs.get_file_info(bucket)
+        info = _answer_within(lambda: fs.get_file_info(bucket), REACH_S)
+    except TimeoutError:  # e.g. gs:// on a machine without Google credentials asks a metadata server
+        raise UserError(  # that is not there, and pyarrow waits on it without end (Ctrl-C included)
+            f"{label} {location}: the bucket {bucket!r} did not answer within {REACH_S:g} s (its credentials "
+            "lookup or the network); check both, or give a local folder"
+        ) from None
     except OSError as e:  # no credentials, access denied, the endpoint does not answer
         raise UserError(f"{label} {location}: cannot reach the bucket {bucket!r}: {_first_line(e)}") from None
     if info.type == pafs.FileType.NotFound:
         raise UserError(f"{label} {location}: there is no bucket {bucket!r} (create it, or fix the URI)")
     return Storage(uri, fs, path)
+
+
+REACH_S = 30.0  # how long a bucket may take to answer the first request before it counts as unreachable
+
+
+def _answer_within(call, seconds: float):
+    """call() in a daemon thread: its result, its exception, or TimeoutError after `seconds` (the thread
+    is left behind: a native call that hangs cannot be cancelled, and a daemon thread does not hold up
+    the exit)."""
+    import threading
+
+    box: dict = {}
+
+    def work():
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as raised
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="stabray-storage-probe", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _first_line(e: Exception) -> str:

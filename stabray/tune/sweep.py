@@ -19,7 +19,7 @@ from stabray.errors import UserError
 from stabray.record import BUNDLE, run_folder
 from stabray.spec import space_path
 from stabray.tasks import TASKS
-from stabray.tracking import Store, check_store, resolve_tracking_uri
+from stabray.tracking import Store, check_experiment, check_store, resolve_tracking_uri
 from stabray.tune import ray_state
 from stabray.tune.callbacks import MLflowTuneCallback
 from stabray.tune.console import SweepConsole
@@ -175,8 +175,21 @@ def ray_target(address: str | None = None) -> tuple[str | None, str]:
 
 
 def check_address_form(addr: str, given: str = "--address") -> None:
-    """A UserError unless `addr` is host:port, :port or ray://host:port (local and auto are the caller's)."""
-    if not addr.startswith("ray://") and host_port(addr) is None:
+    """A UserError unless `addr` is host:port, :port or ray://host[:port] (local and auto are the caller's);
+    a ray:// address also needs Ray Client's packages (`ray[client]`: grpcio), which `ray.init` asks for only
+    after the sweep has made its store and folders."""
+    if addr.startswith("ray://"):
+        if not addr[len("ray://") :].split(":", 1)[0]:
+            raise UserError(f"{given} {addr}: no host; give ray://host:port (Ray Client's port, 10001 by default)")
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None:
+            raise UserError(
+                f"{given} {addr}: a ray:// address connects through Ray Client, which needs the grpcio package: "
+                "pip install 'ray[client]' (or join the cluster from its head with host:port, or with auto there)"
+            )
+        return
+    if host_port(addr) is None:
         raise UserError(
             f"{given} {addr}: not a Ray address; give host:port (e.g. 10.0.0.1:6379), ray://host:port, "
             "auto (a cluster on this machine) or local (a fresh local instance)"
@@ -468,6 +481,7 @@ def run_sweep(
     quiet_logs(verbose)
     # Everything that can fail does so before anything is created: no store, no results folder.
     check_store(uri, create=True, write=True)  # a server that does not answer, a damaged database: before Ray starts
+    check_experiment(uri, experiment)  # a deleted experiment, a store that cannot be read: before Ray starts
     with GracefulStop() as stop:
         try:
             return _run(
