@@ -313,6 +313,55 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
     )
 
 
+def _sequence_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, what is wrong) when the embedded model cannot read the task's sequences, or None: family
+    gpt2 with its learned positions (`positions: default`) has max_positions of them, and a longer
+    sequence fails inside torch (an index error) in every trial; `positions: random` draws a training
+    step's positions from the span, so no training sequence may be longer (evaluation inputs may: the
+    stride fits them, stabray.models.positions). Judged on 4 examples per size (in distribution, and for
+    gpt2 the longer splits too: a lower bound of the longest), each as the method's evaluation encodes
+    it (BOS, prompt, chain, final answer, EOS) with a word-level tokenizer built from them, as the trial's."""
+    import numpy as np
+
+    from stabray.data.encode import Encoder
+    from stabray.data.tokenizer import build_tokenizer
+    from stabray.methods import get_method
+    from stabray.tasks import TASKS, get_task
+
+    cfg = TrialConfig.model_validate(trial)
+    m = cfg.model
+    learned = m.family == "gpt2" and m.positions == "default"
+    if m.pretrained is not None or not (learned or m.positions == "random"):
+        return None
+    if TASKS.get(cfg.task.name).runner != "text":
+        return None
+    task, method = get_task(cfg.task.name, **cfg.task.params), get_method(cfg.method.name, **cfg.method.params)
+    sizes = [*task.in_dist_sizes, *(task.long_sizes().values() if learned else ())]
+    rng = np.random.RandomState(0)
+    examples = [(n, task.sample(rng, n)) for n in sizes for _ in range(4)]
+    tok = build_tokenizer([t for _, e in examples for t in (e.question, e.question_nohint, e.answer)], m.numbers)
+    method.bind_tokenizer(tok)
+    enc = Encoder(tok)
+    longest, size = max(
+        (len(enc.encode(method.eval_prompt(e), method.eval_steps(e), e.final).input_ids), n) for n, e in examples
+    )
+    limit = m.max_positions if learned else (m.position_span or m.max_positions)
+    if longest <= limit:
+        return None
+    if learned:
+        return (
+            "model.max_positions",
+            f"{limit}, but a {cfg.task.name} sequence at size {size} has {longest} tokens (or more), past the "
+            f"learned positions of family gpt2; raise model.max_positions to at least {longest}, or use family "
+            "qwen2 (rotary positions)",
+        )
+    return (
+        "model.position_span" if m.position_span else "model.max_positions",
+        f"{limit} (the span randomized positions are drawn from), but a {cfg.task.name} training sequence at "
+        f"size {size} has {longest} tokens (or more); raise model.position_span to at least {longest}",
+    )
+
+
 def _check_objective(
     spec: SweepSpec,
     base: dict[str, Any],
@@ -433,6 +482,20 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             problem = _trial_problem(trial)
             if problem is not None:
                 raise SpecError(where, f"search.space.{key}", f"{_describe(dist, v)}: {': '.join(problem)}")
+    long_fields = {"task", "model", "method"}  # what a sequence's length and the positions depend on
+    if problem := _sequence_problem(base):  # at the spec's values: the field is to blame, not a search key
+        raise SpecError(where, *problem)
+    if any(space_path(k).split(".", 1)[0] in long_fields for k in points):  # each key's points, as above
+        for key, values in points.items():
+            if space_path(key).split(".", 1)[0] not in long_fields:
+                continue
+            for v in values:
+                trial = copy.deepcopy(base)
+                set_path(trial, space_path(key), v)
+                if problem := _sequence_problem(trial):
+                    field, text = problem
+                    dist = spec.search.space[key]
+                    raise SpecError(where, f"search.space.{key}", f"{_describe(dist, v)}: {field} {text}")
     if spec.search.searcher == "grid":
         ranged = [k for k, d in spec.search.space.items() if d.kind() != "choice"]
         if ranged:
