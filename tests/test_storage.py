@@ -335,3 +335,30 @@ def test_runs_of_a_sweep_are_only_its_own_run_folders(tmp_path):
     made = run_folder("dijkstra", 0.0)
     assert is_run_folder(made, "dijkstra") and not is_run_folder(made, "dijkstra-2")
     assert is_run_folder(made) and not is_run_folder("dijkstra")
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_list_valued_choice_is_stored_and_read_back_quietly(tmp_path, monkeypatch, quiet):
+    """A choice among lists (position_eval_stride [2, 3, 4], long_sizes) goes through the sqlite study and
+    comes back as the list it was; Optuna's warning about non-scalar choices stays off the console, and
+    without stabray's filter (quiet=False, the control) it would be there."""
+    import warnings
+
+    import optuna
+    from ray import tune
+
+    from stabray.tune import search
+
+    if not quiet:
+        monkeypatch.setattr(search, "quiet_list_choices", lambda: None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")  # every warning shown; the searcher's filter goes in front of it
+        s, _ = make_searcher(tmp_path / "optuna.db")
+        s.set_search_properties("val_acc", "max", {"model": {"position_eval_stride": tune.choice([3, [2, 3, 4]])}})
+        got = [s.suggest(f"t{i}")["model"]["position_eval_stride"] for i in range(6)]
+        for i in range(6):
+            s.on_trial_complete(f"t{i}", {"val_acc": 0.1 * i, "training_iteration": 1})
+    assert all(g in (3, [2, 3, 4]) for g in got) and [2, 3, 4] in got
+    assert bool([w for w in seen if "categorical distribution" in str(w.message)]) is not quiet
+    back = optuna.load_study(study_name="sweep-1", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [t.params["model/position_eval_stride"] for t in back.get_trials(deepcopy=False)] == got

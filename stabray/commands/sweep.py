@@ -76,8 +76,12 @@ def parse_overrides(args) -> tuple[dict, dict]:
 
 
 def run(args) -> int:
+    from stabray.errors import UserError
     from stabray.spec import load_spec
 
+    for flag, value in (("--method", args.method), ("--storage", args.storage), ("--tracking-uri", args.tracking_uri)):
+        if value is not None and not value.strip():  # an unset shell variable: not the same as leaving it out
+            raise UserError(f"{flag} is empty; give a value or leave the flag out")
     overrides, sources = parse_overrides(args)
     if args.method:  # first the method's own space and params, then the user's --set on top of them
         # (a --set below search.space replaces the key searching the same field: stabray.spec.set_override)

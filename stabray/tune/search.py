@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,16 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 
+def quiet_list_choices() -> None:
+    """A list-valued choice (`long_sizes: {choice: [[5], [5, 6]]}`, `position_eval_stride: [3, [2, 3, 4]]`)
+    makes Optuna warn that it expects scalars for persistent storage; its sqlite study stores such a choice
+    and gives it back (tests/test_storage.py), so the warning is only noise on the sweep's console."""
+    warnings.filterwarnings("ignore", message="Choices for a categorical distribution should be", category=UserWarning)
+
+
 class DurableOptunaSearch(OptunaSearch):
     def __init__(self, db: str | Path, **kwargs: Any):
+        quiet_list_choices()
         self._db = str(Path(db).absolute())
         super().__init__(storage=None, **kwargs)  # the sqlite storage is opened with the study
 
