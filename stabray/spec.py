@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,13 @@ def load_spec(
         spec = _validated(raw, path)
     except SpecError as e:
         fields = (e.field, *e.related)
-        label = next((lab for k, lab in sources.items() if any(_sets_field(k, f) for f in fields)), None)
-        if label is None:
+        hits = {k: lab for k, lab in sources.items() if any(_sets_field(k, f) for f in fields)}
+        if not hits:
             raise
+        # an error about a whole section (model: "hidden_size 64 is not a multiple of num_heads 5") that
+        # several overrides set: the ones whose field the problem names, else all of them
+        named = {k: lab for k, lab in hits.items() if re.search(rf"\b{re.escape(k.rsplit('.', 1)[-1])}\b", e.problem)}
+        label = ", ".join((named or hits).values()) if len(hits) > 1 else next(iter(hits.values()))
         raise SpecError(f"{label} (spec {path})", e.field, e.problem, e.related) from None
     for k, v in (overrides or {}).items():  # an override the search would silently replace
         key = next(

@@ -230,6 +230,7 @@ CASES = [
     ("training_sequence_past_the_span", ["sweep", "s.yaml", "--dry-run", "--set", "model.positions=random", "--set", "model.position_span=16"], {"s.yaml": spec()}, ["model.position_span: 16 (the span randomized positions are drawn from)", "training sequence at size 4 has"]),
     ("method_empty", ["sweep", "s.yaml", "--dry-run", "--method", ""], {"s.yaml": spec()}, ["--method is empty"]),
     ("storage_empty", ["sweep", "s.yaml", "--storage", ""], {"s.yaml": spec()}, ["--storage is empty"]),
+    ("section_error_names_the_right_set", ["sweep", "dijkstra", "--set", "model.init_std=0.2", "--set", "model.num_heads=3"], {}, ["error: --set model.num_heads=3 (spec", "not a multiple of num_heads 3"]),
     ("tasks_unknown", ["tasks", "dijkstar"], {}, ["unknown task 'dijkstar'"]),
     ("command_unknown", ["sweeep"], {}, ["invalid choice: 'sweeep'"]),
 ]
