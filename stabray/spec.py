@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import re
@@ -319,6 +320,24 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
 
 
 def _sequence_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
+    """`_sequence_length_problem` of what a sequence's length and the model's positions depend on (the task,
+    the method, the model's family and position options): the points of a search that leave those alone
+    (a learning rate, a LoRA rank) are judged once."""
+    import json
+
+    cfg = TrialConfig.model_validate(trial)
+    m = cfg.model
+    if m.pretrained is not None or not (m.family == "gpt2" and m.positions == "default" or m.positions == "random"):
+        return None
+    keep = ("family", "positions", "max_positions", "position_span", "numbers")
+    key = json.dumps(
+        [cfg.task.model_dump(), cfg.method.model_dump(), {k: getattr(m, k) for k in keep}], sort_keys=True, default=str
+    )
+    return _sequence_length_problem(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _sequence_length_problem(key: str) -> tuple[str, str] | None:
     """(field, what is wrong) when the embedded model cannot read the task's sequences, or None: family
     gpt2 with its learned positions (`positions: default`) has max_positions of them, and a longer
     sequence fails inside torch (an index error) in every trial; `positions: random` draws a training
@@ -326,6 +345,8 @@ def _sequence_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
     stride fits them, stabray.models.positions). Judged on 4 examples per size (in distribution, and for
     gpt2 the longer splits too: a lower bound of the longest), each as the method's evaluation encodes
     it (BOS, prompt, chain, final answer, EOS) with a word-level tokenizer built from them, as the trial's."""
+    import json
+
     import numpy as np
 
     from stabray.data.encode import Encoder
@@ -333,11 +354,10 @@ def _sequence_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
     from stabray.methods import get_method
     from stabray.tasks import TASKS, get_task
 
-    cfg = TrialConfig.model_validate(trial)
+    task_cfg, method_cfg, m = json.loads(key)
+    cfg = TrialConfig.model_validate({"task": task_cfg, "method": method_cfg, "model": m})
     m = cfg.model
     learned = m.family == "gpt2" and m.positions == "default"
-    if m.pretrained is not None or not (learned or m.positions == "random"):
-        return None
     if TASKS.get(cfg.task.name).runner != "text":
         return None
     task, method = get_task(cfg.task.name, **cfg.task.params), get_method(cfg.method.name, **cfg.method.params)
