@@ -358,7 +358,8 @@ def test_a_list_valued_choice_is_stored_and_read_back_quietly(tmp_path, monkeypa
         got = [s.suggest(f"t{i}")["model"]["position_eval_stride"] for i in range(6)]
         for i in range(6):
             s.on_trial_complete(f"t{i}", {"val_acc": 0.1 * i, "training_iteration": 1})
+        back = optuna.load_study(study_name="sweep-1", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        stored = [t.params["model/position_eval_stride"] for t in back.get_trials(deepcopy=False)]
     assert all(g in (3, [2, 3, 4]) for g in got) and [2, 3, 4] in got
     assert bool([w for w in seen if "categorical distribution" in str(w.message)]) is not quiet
-    back = optuna.load_study(study_name="sweep-1", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    assert [t.params["model/position_eval_stride"] for t in back.get_trials(deepcopy=False)] == got
+    assert stored == got  # read back from the sqlite study as the lists they were
