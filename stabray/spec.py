@@ -548,6 +548,13 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             _check_objective(spec, base, points, where, f"search.metrics.{i}" if s.multi else "search.metric", metric)
     if s.eaf_stop is not None and spec.eval.eaf_examples == 0:
         raise SpecError(where, "search.eaf_stop", "needs the per-epoch EAF, but eval.eaf_examples is 0")
+    if s.eaf_stop is not None and s.eaf_stop.min_trials > s.n_trials:
+        raise SpecError(
+            where,
+            "search.eaf_stop.min_trials",
+            f"{s.eaf_stop.min_trials}, but the search runs {s.n_trials} trial(s), so no epoch would ever have "
+            "that many EAFs to take a median of and the rule would never act; lower it or raise search.num_samples",
+        )
     for i, rule in enumerate(s.stop_if):
         _check_stop_rule(spec, base, points, where, f"search.stop_if.{i}", rule, runner, per_epoch)
 

@@ -255,6 +255,7 @@ def test_multi_objective_spec_validates(tmp_path):
         ({"metrics": ["val_acc"], "modes": ["max"], "scheduler": "fifo"}, "search", "at least two"),
         ({"metrics": ["val_acc", "val_eaf"], "modes": ["max", "up"], "scheduler": "fifo"}, "search.modes.1", ""),
         ({"eaf_stop": {"factor": 0.5}}, "search.eaf_stop.factor", ""),
+        ({"eaf_stop": {"min_trials": 4}}, "search.eaf_stop.min_trials", "runs 3 trial(s)"),
     ],
 )
 def test_bad_objectives_are_one_line_errors(tmp_path, capsys, search, field, words):
