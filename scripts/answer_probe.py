@@ -80,14 +80,15 @@ def name_positions(run, ex) -> tuple[list[int], list[int], list[int]]:
     return ids, names, in_vars
 
 
-def teacher_forced(run, exs) -> list[list[tuple[bool, str]]]:
+def teacher_forced(run, exs, seqs=None) -> list[list[tuple[bool, str]]]:
     """Per example, per final-state entry: whether the model's top next token at that entry's name
-    is the name, and the token it puts there."""
+    is the name, and the token it puts there. `seqs`: the examples' `name_positions`, when the caller
+    has them."""
     import torch
 
     from stabray.models.positions import by_input_stride
 
-    seqs = [name_positions(run, e) for e in exs]
+    seqs = seqs if seqs is not None else [name_positions(run, e) for e in exs]
     lens = [len(run.encoder.prompt(run.method.eval_prompt(e))) for e in exs]
     model = run.model.eval()
 
@@ -132,13 +133,13 @@ def probe(run, split: str) -> dict:
             kinds[d[0]] += 1
             if d[0] == "left out":
                 left_out_at[d[1]] += 1
-    forced = teacher_forced(run, exs)
+    seqs = [name_positions(run, e) for e in exs]
+    forced = teacher_forced(run, exs, seqs)
     by_slot, by_step, by_gap, by_stride = (defaultdict(list) for _ in range(4))
     wrote: Counter = Counter()
-    for e, f, k in zip(exs, forced, strides(run, exs)):
+    for e, f, k, (_, names, in_vars) in zip(exs, forced, strides(run, exs), seqs):
         gold = entries(e.final)
         chain = e.meta.get("chain") or []
-        _, names, in_vars = name_positions(run, e)
         for j, ((ok, tok), (name, _)) in enumerate(zip(f, gold)):
             by_slot[j].append(ok)
             by_step[chain.index(name) if name in chain else -1].append(ok)
