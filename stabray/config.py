@@ -5,6 +5,7 @@ errors that name the field; sweep specs are validated completely before Ray star
 from __future__ import annotations
 
 import copy
+import math
 import operator
 import os
 import re
@@ -151,7 +152,9 @@ class ModelCfg(Strict):
     @model_validator(mode="after")
     def _positions(self):
         """The position options' combinations, checked when the spec is read."""
-        problem = position_options_problem(self) or shape_problem(self) or lora_problem(self)
+        problem = (
+            pretrained_problem(self) or position_options_problem(self) or shape_problem(self) or lora_problem(self)
+        )
         if problem:
             raise ValueError(problem)
         return self
@@ -202,6 +205,41 @@ def lora_problem(m: ModelCfg) -> str | None:
     no effect)."""
     if m.lora is not None and m.pretrained is None:
         return "lora applies to a pretrained model (model.pretrained); the embedded decoder trains all its weights"
+    return None
+
+
+# fields of the embedded decoder that a pretrained model does not read: set beside model.pretrained, each
+# would be silently ignored (the preset and max_positions are left out: every shipped spec's base sets the
+# preset, and both have defaults that cannot be told from a written value)
+EMBEDDED_ONLY = {
+    "hidden_size": None,
+    "num_layers": None,
+    "num_heads": None,
+    "intermediate_size": None,
+    "init_std": None,
+    "freeze_embeddings": False,
+    "family": "qwen2",
+    "positions": "default",
+    "numbers": "word",
+}
+
+
+def pretrained_problem(m, prefix: str = "") -> str | None:
+    """What is wrong with a pretrained model's options (a ModelCfg or a models.ModelSpec), or None: an
+    empty name, or a field of the embedded decoder (EMBEDDED_ONLY) away from its default, which the
+    pretrained model (its own config and tokenizer) would ignore. `prefix` ("model.") names the fields."""
+    if m.pretrained is None:
+        return None
+    if not m.pretrained.strip():
+        return f"{prefix}pretrained is empty: give a hub name or a local directory, or null for the embedded decoder"
+    for name, default in EMBEDDED_ONLY.items():
+        value = getattr(m, name, default)  # a ModelSpec has no `numbers`: its tokenizer is built beside it
+        if value != default:
+            back = "null" if default is None else str(default).lower()
+            return (
+                f"{prefix}{name} {value!r} applies to the embedded decoder only: {prefix}pretrained "
+                f"{m.pretrained} brings its own config and tokenizer, so it would be ignored; set {name}: {back}"
+            )
     return None
 
 
@@ -452,6 +490,8 @@ class StopIfCfg(Strict):
         m = _STOP_WHEN.fullmatch(v) if isinstance(v, str) else None
         if m is None:
             raise ValueError(f'must be a comparison and a number, like ">= 0.5" or "< 0.2", quoted in YAML (got {v!r})')
+        if not math.isfinite(float(m.group(2))):  # 1e999 reads as inf: a rule that always or never holds
+            raise ValueError(f"{m.group(2)} is not a finite number (got {v!r})")
         return f"{m.group(1)} {float(m.group(2)):g}"
 
     @property
@@ -521,6 +561,24 @@ class SearchCfg(Strict):
             dup = [m for m in self.metrics if self.metrics.count(m) > 1]
             if dup:
                 raise ValueError(f"metrics: {dup[0]!r} is listed twice")
+            # metric/mode beside the lists (a spec's own, or its include's) must be the lists' first objective:
+            # the lists replace them, so any other metric or mode would be silently ignored
+            drop = "for one objective, drop the lists (metrics: null, modes: null)"
+            if "metric" in self.model_fields_set and self.metric != self.metrics[0]:
+                raise ValueError(
+                    f"metric {self.metric!r} beside metrics {self.metrics}, whose first ({self.metrics[0]!r}) is the "
+                    f"primary objective: the lists replace metric and mode, so it would be ignored; {drop}"
+                )
+            if "mode" in self.model_fields_set and self.mode != self.modes[0]:
+                raise ValueError(
+                    f"mode {self.mode!r} beside modes {self.modes}: the lists replace metric and mode, so it would be "
+                    f"ignored ({self.metrics[0]!r} is optimised {self.modes[0]!r}); {drop}"
+                )
+        if self.sampler is not None and self.searcher != "optuna":
+            raise ValueError(
+                f"sampler {self.sampler!r} is Optuna's, but searcher is {self.searcher!r}, which would ignore it; "
+                "drop the sampler (sampler: null) or use searcher: optuna"
+            )
         return self
 
     @property

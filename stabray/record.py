@@ -38,6 +38,9 @@ class Metric:
     group: Literal["science", "sys"] = "science"  # sys: timings and placement, kept apart from results
     runners: tuple[str, ...] = ("text", "icl")  # which trial runners report it
     icl_meaning: str = ""  # what it means for the in-context GD runner, where that differs
+    # the direction in which a per-epoch objective is better: a sweep that optimises it the other way is
+    # refused when the spec is read (None: not a search objective)
+    better: Literal["max", "min"] | None = None
 
     def describe(self, runner: str = "text") -> str:
         return self.icl_meaning if runner == "icl" and self.icl_meaning else self.meaning
@@ -50,7 +53,10 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric(
-            "train_loss", "epoch", "mean training loss over the epoch's steps (text: next-token cross-entropy, nats)"
+            "train_loss",
+            "epoch",
+            "mean training loss over the epoch's steps (text: next-token cross-entropy, nats)",
+            better="min",
         ),
         Metric(
             "val_acc",
@@ -58,6 +64,7 @@ METRICS: dict[str, Metric] = {
             "exact match of the final answer on the validation split",
             icl_meaning="share of validation prompts whose self-generated theta_T is within 5% (relative L2) of "
             "the gradient-descent iterate theta_T",
+            better="max",
         ),
         Metric(
             "steps_val_acc",
@@ -65,6 +72,7 @@ METRICS: dict[str, Metric] = {
             "fraction of the validation answers scored for val_acc whose written chain is the example's "
             "(steps_test_acc's measure), every epoch: the chain's learning curve beside the answer's",
             runners=_TEXT,
+            better="max",
         ),
         Metric(
             "val_eaf",
@@ -77,6 +85,7 @@ METRICS: dict[str, Metric] = {
             "the epochs between). Not logged for No CoT and Implicit CoT, which answer without a chain (the sum "
             "over steps is empty)",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
+            better="min",
         ),
         Metric(
             "val_loss",
@@ -84,18 +93,21 @@ METRICS: dict[str, Metric] = {
             "teacher-forced squared error ||f_W(true prefix) - theta_bar_t||^2 against the training labels, mean "
             "over steps (theta_bar_T = theta* with task param last_target=star, the paper's L^CoT; theta_T with gd)",
             runners=_ICL,
+            better="min",
         ),
         Metric(
             "val_infer_loss",
             "epoch",
             "||hat theta_T - theta_T||^2 with the model's own iterates, validation",
             runners=_ICL,
+            better="min",
         ),
         Metric(
             "val_infer_star",
             "epoch",
             "||hat theta_T - theta*||^2 with the model's own iterates, validation",
             runners=_ICL,
+            better="min",
         ),
         Metric("tokens", "epoch", "non-pad training tokens in the epoch", group="sys", runners=_TEXT),
         Metric("tokens_per_s", "epoch", "training tokens per second of the epoch", group="sys", runners=_TEXT),

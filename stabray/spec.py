@@ -25,7 +25,7 @@ from stabray.config import (
     validation_problem,
 )
 from stabray.errors import SpecError, UserError, did_you_mean
-from stabray.record import departure_token, is_departure_metric, searchable_metrics
+from stabray.record import METRICS, departure_token, is_departure_metric, searchable_metrics
 
 DEFAULT_LORA_RANKS = (16, 32, 64)  # searched whenever the model uses LoRA and the spec names no rank space
 
@@ -542,6 +542,19 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             )
     elif s.metric not in per_epoch:
         raise SpecError(where, "search.metric", f"{allowed}, got {s.metric!r}")
+    for i, (metric, mode) in enumerate(s.objectives()):  # optimising a loss upward selects the worst trials
+        better = METRICS[metric].better
+        if better is not None and mode != better:
+            mode_field, metric_field = (
+                (f"search.modes.{i}", f"search.metrics.{i}") if s.multi else ("search.mode", "search.metric")
+            )
+            raise SpecError(
+                where,
+                mode_field,
+                f"{mode}, but {metric} is better {'higher' if better == 'max' else 'lower'}, so the search would "
+                f"favour the worst trials (and ASHA stop the best); set {mode_field}: {better}",
+                related=(metric_field,),
+            )
     objectives = list(s.metrics or []) if s.multi else [s.metric]
     for i, metric in enumerate(objectives):
         if runner == "text" and metric in PARTIAL_OBJECTIVES:

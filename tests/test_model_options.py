@@ -74,7 +74,7 @@ def test_init_std_sets_the_weight_scale(family):
 
 
 def test_embedded_only_options_refuse_a_pretrained_model(tok):
-    with pytest.raises(UserError, match="init_std applies to the embedded decoder only"):
+    with pytest.raises(UserError, match="init_std 0.1 applies to the embedded decoder only"):
         build_model(ModelSpec(pretrained="/nonexistent", init_std=0.1), tok)
 
 

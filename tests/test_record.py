@@ -175,6 +175,23 @@ def test_search_metrics_come_from_the_record(tmp_path):
     assert all(m.meaning for m in METRICS.values())
 
 
+def test_every_objective_has_a_direction_and_the_search_is_held_to_it():
+    """Each searchable metric says which way is better (accuracies up; losses, errors and the EAF down),
+    and a sweep that optimises one the other way is refused, while the right way validates."""
+    from stabray.errors import SpecError
+    from stabray.record import searchable_metrics
+    from stabray.spec import load_spec
+
+    better = {m: METRICS[m].better for m in searchable_metrics()}
+    assert all(b in ("max", "min") for b in better.values()), better
+    assert {m for m, b in better.items() if b == "max"} == {m for m in better if m.endswith("_acc")}
+    for metric, mode in (("train_loss", "min"), ("val_eaf", "min"), ("val_acc", "max")):
+        assert load_spec("dijkstra", {"search.metric": metric, "search.mode": mode})[0].search.mode == mode
+        wrong = {"min": "max", "max": "min"}[mode]
+        with pytest.raises(SpecError, match=f"search.mode: {wrong}, but {metric} is better"):
+            load_spec("dijkstra", {"search.metric": metric, "search.mode": wrong})
+
+
 def test_registries_name_classes_once():
     from stabray.methods import METHODS, Method
     from stabray.registry import Registry

@@ -87,12 +87,14 @@ def build_model(spec: ModelSpec, tokenizer, seed: int = 0) -> torch.nn.Module:
         if spec.freeze_embeddings:  # a token never trained on keeps a vector like every other token's
             model.get_input_embeddings().weight.requires_grad_(False)
         return model
-    for name in ("init_std", "freeze_embeddings"):
-        if getattr(spec, name):
-            raise UserError(f"model.{name} applies to the embedded decoder only, not to model.pretrained")
+    from stabray.config import pretrained_problem
+
+    problem = pretrained_problem(spec, prefix="model.")
     position_options = (spec.position_span, spec.position_eval_stride, spec.position_span_min)
-    if spec.family != "qwen2" or spec.positions != "default" or any(v is not None for v in position_options):
-        raise UserError("model.family and model.positions apply to the embedded decoder only, not to model.pretrained")
+    if problem is None and any(v is not None for v in position_options):
+        problem = "model.position_span, position_eval_stride and position_span_min apply to the embedded decoder only"
+    if problem:
+        raise UserError(problem)
     return _build_pretrained(spec, tokenizer)
 
 
