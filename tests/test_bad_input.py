@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -231,6 +232,7 @@ CASES = [
     ("storage_unknown_user", ["sweep", "s.yaml", "--dry-run", "--storage", "~nouser_stabray/runs"], {"s.yaml": spec()}, ["--storage ~nouser_stabray/runs", "cannot expand the ~"]),
     ("report_store_empty_file", ["report", "--experiment", "x", "--tracking-uri", "m.db"], {"m.db": ""}, ["no MLflow store at", "an empty file"]),
     ("address_ray_client_without_host", ["sweep", "s.yaml", "--dry-run", "--address", "ray://"], {"s.yaml": spec()}, ["--address ray://", "no host"]),
+    ("too_few_distinct_questions", ["sweep", "s.yaml"], {"s.yaml": spec(task={"name": "dijkstra", "params": {"n_nodes": 2, "decimals": 1}, "train_size": 16, "val_size": 2100})}, ["task 'dijkstra' at n_nodes=2: only", "distinct questions found for split 'val'", "(task.val_size)"]),
     # -- search spaces and values a trial would meet only inside Ray
     ("uniform_on_an_integer_field", ["sweep", "s.yaml", "--set", "search.space.train.batch_size={uniform: [8, 16]}"], {"s.yaml": spec()}, ["search.space.train.batch_size", "uniform [8.0, 16.0] can produce 12.94", "valid integer"]),
     ("method_name_searched", ["sweep", "s.yaml", "--set", "search.space.method.name={choice: [alg1, sft_cot]}"], {"s.yaml": spec()}, ["search.space.method.name", "not a search-space field", "methods:"]),
@@ -441,9 +443,11 @@ def check(case, result) -> None:
     assert "Traceback" not in out + err, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2, (rc, err[-2000:])
-    # one error line, the last; before it at most the start of a progress step ("loading ck ...")
+    # one error line, the last; before it at most the start of a progress step ("loading ck ...") or a
+    # count's progress ("generating dijkstra val examples: 1107/2100 (3 s, about 3 s left)")
     assert lines and lines[-1].startswith("error: "), err[-2000:]
-    assert all(line.endswith(" ...") for line in lines[:-1]), err[-2000:]
+    progress = re.compile(r".*: \d+/\d+ (\(\d+ s, about \d+ s left\)|in \d+\.\d s)")
+    assert all(line.endswith(" ...") or progress.fullmatch(line) for line in lines[:-1]), err[-2000:]
     for frag in fragments:
         assert frag in lines[-1], (frag, lines[-1])
     assert lines[-1].removeprefix("error: ") not in out, out[-2000:]  # said once, not also as a note

@@ -28,6 +28,11 @@ def split_seed(seed: int, split: str, size: int | tuple[int, ...]) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(split.encode()), *sizes]).generate_state(1)[0])
 
 
+def _size_field(split: str) -> str:
+    """The spec field that sets a split's number of examples (a length split's is test_size's)."""
+    return f"{split}_size" if split in ("train", "val") else "test_size"
+
+
 def draw(
     task: Task,
     split: str,
@@ -59,7 +64,8 @@ def draw(
             if tries > max_tries_factor * n + 1000:
                 raise UserError(
                     f"task {task.name!r} at {task.size_field}={size}: only {len(out)} distinct questions found "
-                    f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples or larger inputs"
+                    f"for split {split!r} after {tries} draws (asked for {n}); ask for fewer examples "
+                    f"(task.{_size_field(split)}) or larger inputs"
                 )
             if len(sizes) == 1:
                 pick = sizes[0]

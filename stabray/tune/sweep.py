@@ -535,8 +535,10 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
     """Work the driver does anyway, in a thread while Ray starts (`ray.init` mostly waits for Ray's
     processes): with `data` (the trials run on this machine), the trials' dataset generated and cached
     once here when it is not cached yet, rather than by the first trials side by side; then the
-    imports for closing trials (figures, tables; Optuna's). A failure is left for the trials to meet
-    and report."""
+    imports for closing trials (figures, tables; Optuna's). A dataset the task cannot give (more
+    examples asked for than it has distinct questions) is kept as the thread's `problem`, which the
+    driver raises before it opens any MLflow run or starts a trial; any other failure is left for the
+    trials to meet and report."""
 
     def work():
         try:
@@ -547,7 +549,11 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
 
                 trial = parse_trial_config(spec.trial_base())
                 if not splits_cached(trial):  # a cached one the trials read (and check) themselves
-                    read_splits(trial)
+                    try:
+                        read_splits(trial)
+                    except UserError as e:  # every trial would fail the same way
+                        t.problem = e
+                        return
             if spec.search.searcher == "optuna":
                 import optuna  # noqa: F401
             import polars  # noqa: F401
@@ -560,6 +566,7 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
             pass
 
     t = threading.Thread(target=work, name="stabray-prewarm", daemon=True)
+    t.problem = None
     t.start()
     return t
 
@@ -571,6 +578,9 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
     how = init_ray(address, verbose)
     stop.install()
     check_resources(spec)
+    warm.join()  # the trials read the dataset it caches: not generated twice side by side
+    if getattr(warm, "problem", None) is not None:  # before any MLflow run or trial exists
+        raise warm.problem
     store = Store(uri, experiment)
     info_file = f"{run}/{INFO_FILE}"
     run_dir = results.run_uri(run)
@@ -606,7 +616,6 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
         "groups": saved["groups"],  # method -> MLflow group run (multi-method sweeps)
     }
     print(f"stabray: {how}\n  results:  {run_dir}\n  MLflow:   {uri} (experiment {experiment!r})", flush=True)
-    warm.join()  # the trials read the dataset it caches: not generated twice side by side
     try:
         grids = _fit_all(spec, results, run, uri, experiment, saved, info_file, store, resume, verbose, stop, info)
     except KeyboardInterrupt:  # a second signal: Ray Tune may not have saved its state
