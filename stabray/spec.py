@@ -344,7 +344,10 @@ def _sequence_length_problem(key: str) -> tuple[str, str] | None:
     step's positions from the span, so no training sequence may be longer (evaluation inputs may: the
     stride fits them, stabray.models.positions). Judged on 4 examples per size (in distribution, and for
     gpt2 the longer splits too: a lower bound of the longest), each as the method's evaluation encodes
-    it (BOS, prompt, chain, final answer, EOS) with a word-level tokenizer built from them, as the trial's."""
+    it (BOS, prompt, chain, final answer, EOS) and, in distribution, as its first epoch's training view
+    does (the curricula of Implicit CoT and Coconut take steps away as the epochs pass, so epoch 0's is
+    their longest: Coconut's writes every step beside its empty latent markers, where its evaluation
+    writes none), with a word-level tokenizer built from them, as the trial's."""
     import json
 
     import numpy as np
@@ -367,9 +370,15 @@ def _sequence_length_problem(key: str) -> tuple[str, str] | None:
     tok = build_tokenizer([t for _, e in examples for t in (e.question, e.question_nohint, e.answer)], m.numbers)
     method.bind_tokenizer(tok)
     enc = Encoder(tok)
-    longest, size = max(
-        (len(enc.encode(method.eval_prompt(e), method.eval_steps(e), e.final).input_ids), n) for n, e in examples
-    )
+    view_rng = np.random.default_rng(0)
+    in_dist = set(task.in_dist_sizes)
+
+    def lengths(n, e):
+        yield len(enc.encode(method.eval_prompt(e), method.eval_steps(e), e.final).input_ids)
+        if n in in_dist:  # and as the first epoch trains on it: Coconut's stage 0 writes every step
+            yield len(enc.encode(*method.train_view(e, 0, view_rng), e.final).input_ids)
+
+    longest, size = max((k, n) for n, e in examples for k in lengths(n, e))
     limit = m.max_positions if learned else (m.position_span or m.max_positions)
     if longest <= limit:
         return None

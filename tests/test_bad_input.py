@@ -239,6 +239,7 @@ CASES = [
     ("weight_decay_infinite", ["sweep", "s.yaml", "--set", "train.weight_decay=.inf"], {"s.yaml": spec()}, ["--set train.weight_decay=.inf", "finite"]),
     ("sequence_past_gpt2_positions", ["sweep", "s.yaml", "--set", "model.family=gpt2", "--set", "model.max_positions=16"], {"s.yaml": spec()}, ["--set model.max_positions=16", "model.max_positions: 16, but a dijkstra sequence at size 6 has", "learned positions of family gpt2"]),
     ("training_sequence_past_the_span", ["sweep", "s.yaml", "--dry-run", "--set", "model.positions=random", "--set", "model.position_span=16"], {"s.yaml": spec()}, ["model.position_span: 16 (the span randomized positions are drawn from)", "training sequence at size 4 has"]),
+    ("coconut_training_view_past_the_span", ["sweep", "dijkstra", "--dry-run", "--method", "coconut", "--set", "search.space.lam=null", "--set", "search.space.bits=null", "--set", "model.positions=random", "--set", "model.position_span=70"], {}, ["--set model.position_span=70", "training sequence at size 4 has 74 tokens"]),
     ("method_empty", ["sweep", "s.yaml", "--dry-run", "--method", ""], {"s.yaml": spec()}, ["--method is empty"]),
     ("storage_empty", ["sweep", "s.yaml", "--storage", ""], {"s.yaml": spec()}, ["--storage is empty"]),
     ("section_error_names_the_right_set", ["sweep", "dijkstra", "--set", "model.init_std=0.2", "--set", "model.num_heads=3"], {}, ["error: --set model.num_heads=3 (spec", "not a multiple of num_heads 3"]),
