@@ -88,6 +88,10 @@ def load_ray(path: str | Path, experiment: str | None = None) -> Loaded:
 
 def load(experiment: str, tracking_uri: str | None = None, ray_dir: str | Path | None = None) -> Loaded:
     """A Ray Tune dir when given, else the MLflow experiment."""
+    if not isinstance(experiment, str) or not experiment:
+        from stabray.errors import UserError
+
+        raise UserError(f"load: experiment must be an experiment's (or a sweep's) name, got {experiment!r}")
     if ray_dir is not None:
         return load_ray(ray_dir, experiment)
     return load_mlflow(experiment, tracking_uri)

@@ -40,10 +40,10 @@ class Rule:
     def __post_init__(self):
         from stabray.errors import UserError
 
-        if self.name not in RULES:
-            raise UserError(f"--select {self.name}: unknown rule; use one of {', '.join(RULES)}")
-        if not self.delta >= 0:
-            raise UserError(f"--delta {self.delta}: must be >= 0")
+        if self.name not in RULES:  # the CLI's --select and --delta are these two fields
+            raise UserError(f"selection rule {self.name!r} (--select): unknown rule; use one of {', '.join(RULES)}")
+        if not (isinstance(self.delta, int | float) and not isinstance(self.delta, bool) and self.delta >= 0):
+            raise UserError(f"selection rule delta (--delta) {self.delta!r}: must be a number >= 0")
 
     def describe(self) -> str:
         return {
@@ -63,9 +63,10 @@ def _finished(trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def select_best(trials: pl.DataFrame, by: Sequence[str] = GROUP, rule: Rule | None = None) -> pl.DataFrame:
-    """One row per group: the trial `rule` selects (default: best_acc), with its `score` column."""
-    rule = rule or BEST
-    by = list(by)
+    """One row per group: the trial `rule` selects (default: best_acc; a Rule, or a rule's name), with
+    its `score` column. `by`: the columns that make a group (one name or several)."""
+    rule = Rule(rule) if isinstance(rule, str) else rule or BEST
+    by = [by] if isinstance(by, str) else list(by)
     df = _finished(trials).with_columns(score=pl.coalesce("best_val_acc", "val_acc"))
     df = df.filter(pl.col("score").is_not_null() & pl.all_horizontal(pl.col(c).is_not_null() for c in by))
     df = df.sort(

@@ -35,9 +35,16 @@ class Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_as_number(cls, v: Any, info) -> Any:
-        """`epochs: true` is a slip, not 1: pydantic's lax mode would read a bool as the number 0 or 1."""
-        if isinstance(v, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+        """`epochs: true` is a slip, not 1: pydantic's lax mode would read a bool as the number 0 or 1; and
+        `resample_train: "yes"` or `1` is not true: a flag takes true or false only (as task and method
+        flags do)."""
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(v, bool) and _numeric(annotation):
             raise ValueError(f"must be a number, got {str(v).lower()}")
+        if annotation is bool and not isinstance(v, bool):
+            if getattr(v, "shape", None) == () and getattr(getattr(v, "dtype", None), "kind", "") == "b":  # numpy's
+                return bool(v)
+            raise ValueError(f"must be true or false, got {v!r}")
         return v
 
 

@@ -56,6 +56,8 @@ def load_spec(
     """Read, merge includes and overrides, and validate every field, name and search-space value.
     `sources` says how the user wrote an override ({"train.epochs": "--set train.epochs=0"}): an
     error in a field an override set names that override instead of the spec file."""
+    if overrides is not None and not isinstance(overrides, dict):
+        raise UserError(f"load_spec: overrides must be a dict of dotted keys to values, got {type(overrides).__name__}")
     path = find_spec(name_or_path)
     raw = read_yaml(path)
     sources = sources or {}
@@ -142,6 +144,17 @@ def _validated(raw: dict[str, Any], path: Path) -> SweepSpec:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(str(path), *validation_problem(e)) from None
+    check_spec(spec, path)
+    return spec
+
+
+def check_spec(spec: SweepSpec, path: Path | str) -> None:
+    """Every check `load_spec` makes beyond the fields' own types and ranges (names, searched values,
+    objectives, rules, the device); `run_sweep` asks it again of the spec it is given (cheap: the
+    expensive parts are cached), so a SweepSpec built in Python is held to the same rules."""
+    if not isinstance(spec, SweepSpec):
+        raise UserError(f"a sweep needs a SweepSpec (stabray.spec.load_spec(name)[0]), got {type(spec).__name__}")
+    path = Path(path)
     if spec.device == "cuda" and spec.resources.gpu == 0:
         raise SpecError(
             str(path),
@@ -162,7 +175,6 @@ def _validated(raw: dict[str, Any], path: Path) -> SweepSpec:
                 raise SpecError(str(path), f"methods.{label}: {e.field}", e.problem) from None
     else:
         validate_semantics(spec, path)
-    return spec
 
 
 def method_space(name: str, space: dict | None = None) -> dict[str, Dist]:
@@ -249,16 +261,60 @@ def _trial_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
         cfg = TrialConfig.model_validate(trial)
     except ValidationError as e:
         return validation_problem(e)
+    built = {}
     builds = (
         ("method.params", lambda: get_method(cfg.method.name, **cfg.method.params)),
         ("task.params", lambda: get_task(cfg.task.name, **cfg.task.params)),
     )
     for field, build in builds:
         try:
-            build()
+            built[field] = build()
         except (UserError, TypeError) as e:
             return field, str(e)
+    problem = built["method.params"].model_problem(cfg.model)
+    if problem:
+        return "method.params", problem
+    return _icl_problem(cfg)
+
+
+def _icl_problem(cfg: TrialConfig) -> tuple[str, str] | None:
+    """(field, what is wrong) when a task of the in-context GD runner is given what that runner does not
+    read: a model field away from its default (the runner builds its own model from task.params; the
+    preset and max_positions, which every shipped spec's base sets, are left out, and init_seed, which
+    seeds its weights) or device cuda (it
+    trains on the CPU); None otherwise, and for every other task."""
+    from stabray.config import ModelCfg
+    from stabray.tasks import TASKS
+
+    if TASKS.get(cfg.task.name).runner != "icl":
+        return None
+    default = ModelCfg()
+    for name in ModelCfg.model_fields:
+        if name not in ("preset", "max_positions", "init_seed") and getattr(cfg.model, name) != getattr(default, name):
+            return (
+                f"model.{name}",
+                f"{getattr(cfg.model, name)!r}, but task {cfg.task.name!r} trains the in-context GD model, built from "
+                "task.params (heads, layers), which reads no model section; drop it",
+            )
+    if cfg.device == "cuda":
+        return "device", f"cuda, but task {cfg.task.name!r}'s in-context GD runner trains on the CPU; use auto or cpu"
     return None
+
+
+def run_problem(cfg: TrialConfig) -> tuple[str, str] | None:
+    """(field, what is wrong) with one trial config that `load_spec` would refuse in a sweep, or None:
+    what `TrialConfig` alone cannot see (`_trial_problem`: the task's and the method's own values, a
+    method's values on this model; a local model directory that is not there; sequences past the
+    embedded model's positions). `make_run` asks it, so the Python API and a trainable in a Ray
+    pipeline of one's own refuse what the sweep command refuses, before any data or model is built."""
+    from stabray.config import local_model_problem
+
+    trial = cfg.model_dump()
+    if problem := _trial_problem(trial):
+        return problem
+    if problem := local_model_problem(cfg.model.pretrained):
+        return "model.pretrained", problem
+    return _sequence_problem(trial)
 
 
 # Per-epoch objectives that not every text trial reports: a trial that does not would fail the sweep at

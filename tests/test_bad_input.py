@@ -170,7 +170,7 @@ CASES = [
     ("data_bad_param", ["data", "dijkstra", "--param", "n_nodes=abc"], {}, ["n_nodes must be an integer"]),
     ("data_unknown_param", ["data", "dijkstra", "--param", "n_nodse=4"], {}, ["unknown parameter 'n_nodse'; did you mean n_nodes?"]),
     ("data_unknown_flag", ["data", "dijkstra", "--set", "n_nodes=3"], {}, ["stabray data: unrecognized arguments: --set n_nodes=3", "see stabray data --help"]),
-    ("data_param_not_a_number", ["data", "dijkstra", "--param", "p=abc"], {}, ["task 'dijkstra': p must be a number, got 'abc'"]),
+    ("data_param_not_a_number", ["data", "dijkstra", "--param", "p=abc"], {}, ["task 'dijkstra': p must be a finite number, got 'abc'"]),
     ("data_seed_negative", ["data", "dijkstra", "--seed", "-1"], {}, ["--seed must be in 0..2**32-1, got -1"]),
     ("set_task_param_wrong_type", ["sweep", "dijkstra", "--set", "task.params.labels=[12]"], {}, ["--set task.params.labels=[12]", "labels must be an integer, got [12]"]),
     ("data_size_too_large", ["data", "dijkstra", "--param", "n_nodes=100000"], {}, ["n_nodes must be an integer in 2..1000, got 100000"]),

@@ -179,7 +179,9 @@ def test_implicit_removes_leading_steps_linearly(per_epoch):
         ("coconut", "max_stage", "abc", "an integer"),
         ("coconut", "max_stage", 2.5, "an integer"),
         ("alg1", "bits", True, "an integer"),
-        ("nso", "sigma", "abc", "a number"),
+        ("nso", "sigma", "abc", "a finite number"),
+        ("nso", "sigma", float("inf"), "a finite number"),
+        ("mtp", "mtp_weight", "nan", "a finite number"),
         ("alg1", "quantizer", 1, "a string"),
     ],
 )

@@ -92,7 +92,9 @@ def test_embedded_shapes_are_checked_against_the_presets():
     ModelCfg(preset="mini", hidden_size=96, num_heads=32, family="gpt2")  # learned positions: any size
     with pytest.raises(ValueError, match="not a multiple of num_heads 3"):
         ModelCfg(preset="tiny", num_heads=3, family="bloom")
-    ModelCfg(pretrained="some/model", num_heads=3)  # a pretrained model's shape is its own
+    ModelCfg(pretrained="some/model")  # a pretrained model's shape is its own: no shape field beside it
+    with pytest.raises(ValueError, match="num_heads 3 applies to the embedded decoder only"):
+        ModelCfg(pretrained="some/model", num_heads=3)
 
 
 def test_cuda_without_a_gpu_is_an_error_not_a_cpu_run(cache_dir, monkeypatch):

@@ -86,6 +86,17 @@ def check_compression_qat(method: str, p) -> None:
         raise UserError(f"method {method!r}: quantize must be one of {', '.join(QAT_TARGETS)}, got {p.quantize!r}")
 
 
+def qat_model_problem(method: str, p, model) -> str | None:
+    """A LoRA target (quantize lora or merged) on a model without LoRA (`model.lora`), where QAT would
+    quantize nothing and the run be logged at `bits` while it trains at full precision; or None."""
+    if p.bits < 32 and p.quantize in ("lora", "merged") and getattr(model, "lora", None) is None:
+        return (
+            f"method {method!r}: quantize={p.quantize!r} quantizes LoRA adapters, and the model has none "
+            "(model.lora is not set); use quantize auto, base or all_linear"
+        )
+    return None
+
+
 class GaussianWeightNoise(nn.Module):
     """Parametrization W -> W + N(0, s^2), s per row = RMS of that row's quantization error at
     `bits` (so the noise matches quantization in scale). Noise only in training mode."""
@@ -124,6 +135,11 @@ class Alg1(Method):
         check_compression_qat(self.name, p)
         if p.noise not in ("quant", "gaussian"):
             raise UserError(f"method {self.name!r}: noise must be 'quant' or 'gaussian', got {p.noise!r}")
+        if p.noise == "gaussian" and p.quantize == "merged":
+            raise UserError(f"method {self.name!r}: noise='gaussian' perturbs layer weights; quantize='merged' is QAT")
+
+    def model_problem(self, model) -> str | None:
+        return qat_model_problem(self.name, self.params, model)
 
     def prepare(self, model):
         p = self.params
@@ -131,10 +147,6 @@ class Alg1(Method):
             if p.noise == "quant":
                 apply_qat(model, p.bits, p.quantize, p.quantizer)
             else:
-                if p.quantize == "merged":
-                    raise UserError(
-                        f"method {self.name!r}: noise='gaussian' perturbs layer weights; quantize='merged' is QAT"
-                    )
                 for _, mod in quantizable_linears(model, p.quantize):
                     parametrize.register_parametrization(mod, "weight", GaussianWeightNoise(p.bits))
         return model

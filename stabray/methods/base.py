@@ -9,6 +9,7 @@ one `METHODS.register(...)` per method.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from functools import lru_cache
 from pathlib import Path
@@ -63,14 +64,17 @@ def typed_param(method: str, key: str, value: Any, default: Any) -> Any:
             return int(value)
         raise UserError(f"{where} must be an integer, got {value!r}")
     if isinstance(default, float):
+        number = None
         if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise UserError(f"{where} must be a number, got {value!r}")
+        if number is not None and math.isfinite(number):
+            return number
+        raise UserError(f"{where} must be a finite number, got {value!r}")
     if isinstance(default, str) and not isinstance(value, str):
         raise UserError(f"{where} must be a string, got {value!r}")
     return value
@@ -102,6 +106,11 @@ class Method:
 
     def validate(self) -> None:
         """Raise UserError for impossible values."""
+
+    def model_problem(self, model) -> str | None:
+        """What is wrong with these hyperparameters on this model (a config.ModelCfg), or None: a
+        combination the method's own values cannot rule out, checked when a spec or a trial is read."""
+        return None
 
     # -- hooks the training loop calls ---------------------------------------------------------
     def bind_tokenizer(self, tokenizer) -> None:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stabray.errors import UserError
-from stabray.methods.alg1 import check_compression_qat, compress_indices, eval_indices
+from stabray.methods.alg1 import check_compression_qat, compress_indices, eval_indices, qat_model_problem
 from stabray.methods.base import METHODS, Method
 from stabray.methods.qat import apply_qat
 
@@ -106,6 +106,9 @@ class MTP(Method):
         if not p.mtp_weight >= 0:
             raise UserError(f"method 'mtp': mtp_weight must be >= 0, got {p.mtp_weight}")
         check_compression_qat(self.name, p)
+
+    def model_problem(self, model) -> str | None:
+        return qat_model_problem(self.name, self.params, model)
 
     def prepare(self, model):
         p = self.params

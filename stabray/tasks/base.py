@@ -89,7 +89,7 @@ def _is_int(v) -> bool:
 # A Params field's type -> (what a value must be, the check): Task._check_types.
 PARAM_TYPES: dict[type, tuple[str, Callable[[Any], bool]]] = {
     int: ("an integer", _is_int),
-    float: ("a number", lambda v: _is_int(v) or isinstance(v, (float, np.floating))),
+    float: ("a finite number", lambda v: _is_int(v) or isinstance(v, (float, np.floating)) and bool(np.isfinite(v))),
     bool: ("true or false", lambda v: isinstance(v, (bool, np.bool_))),
     str: ("a string", lambda v: isinstance(v, str)),
 }

@@ -176,6 +176,10 @@ class Countdown(Task):
 
     def check_size(self, size: int, key: str | None = None) -> None:
         super().check_size(size, key)
+        p = self.params  # set before Task.__init__ checks the size
+        for name in ("max_number", "max_target"):  # 0 would draw from an empty range, or never find a target
+            if getattr(p, name) < 1:
+                raise UserError(f"task {self.name!r}: {name} must be >= 1, got {getattr(p, name)}")
         if size > 8:
             raise UserError(
                 f"task {self.name!r}: n_numbers must be <= 8 (the solver's search grows factorially), got {size}"

@@ -336,6 +336,7 @@ class ICLRun(Runner):
         }
 
     def epoch(self) -> dict[str, float]:
+        self.check_more_epochs()
         m = self.trainer.train_epoch()
         ev = self.cfg.eval
         t0 = time.perf_counter()
@@ -392,6 +393,7 @@ class ICLRun(Runner):
         last label (theta* with last_target=star, as the paper's test loss; theta_T with gd), so
         C1 = max ||d loss / d output|| = 2 max ||hat theta_T - label||; C2 = max over prompts of
         ||J(x + delta) - J(x)|| / ||delta|| (largest block), delta = 1% of the prefix norm."""
+        self.check_eval_args(split, n=n)
         X, y, ts, th = (a[:n] for a in self.data[split])
         with torch.no_grad():
             gen = self.model.generate(X, y, th[:, 0], self.T)
@@ -442,6 +444,7 @@ class ICLRun(Runner):
 
     def weight_noise(self, seeds: int, sigma: float | None = None) -> float:
         """Mean increase of the T_max inference loss (vs theta_T) under N(0, sigma^2) weight noise."""
+        self.check_eval_args("test", seeds=seeds)
         sigma = self.p.weight_sigma if sigma is None else sigma
         X, y, _, th = self.data["test"]
         with torch.no_grad():

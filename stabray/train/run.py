@@ -34,6 +34,7 @@ from stabray.train.runner import (
     one_line,
     read_state,
     save_state,
+    state_misfit,
 )
 
 
@@ -226,6 +227,7 @@ class TrialRun(Runner):
     def epoch(self) -> dict[str, float]:
         """Train one epoch, then validate: train_loss, val_acc (and for a method that writes the
         whole chain steps_val_acc and val_departure_tok<k>), eaf, times."""
+        self.check_more_epochs()
         m = self.trainer.train_epoch()
         t0 = time.perf_counter()
         v = self.evaluate("val", self.cfg.eval.val_examples)
@@ -285,6 +287,7 @@ class TrialRun(Runner):
 
         if not self.has_decomposition:
             raise UserError(self.no_chain_note())
+        self.check_eval_args(split, n=n)
         ev = self.cfg.eval
         return decompose(
             self.model,
@@ -309,6 +312,7 @@ class TrialRun(Runner):
         """Appendix B.2: mean increase of the inference loss under N(0, sigma^2) weight noise."""
         from stabray.stability import inference_loss, weight_noise_stability
 
+        self.check_eval_args(split, seeds=seeds, n=n)
         exs = self.data[split][:n]
         return weight_noise_stability(
             self.model, lambda m: inference_loss(m, self.encoder, exs, method=self.method), sigma=sigma, seeds=seeds
@@ -364,9 +368,31 @@ class TrialRun(Runner):
         (path / CONFIG).write_text(json.dumps(self.cfg.model_dump(), indent=1))
 
     def load(self, path: str | Path) -> None:
+        """The checkpoint at `path` (from `save`) into this run: weights, optimizer, history. The run must
+        read tokens as the checkpoint's model does: a run built from another dataset has another
+        vocabulary (`stabray.train.load_run(path)` builds the run from the checkpoint's own)."""
         state, self.history = read_state(path, map_location=self.device)
+        saved_tok = Path(path) / "tokenizer"
+        if self.spec.pretrained is None and saved_tok.is_dir():
+            from transformers import AutoTokenizer
+
+            try:
+                theirs = AutoTokenizer.from_pretrained(str(saved_tok)).get_vocab()
+            except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions; any failure = unusable files
+                raise UserError(f"{saved_tok}: cannot load the saved tokenizer ({one_line(e)})") from None
+            ours = self.tokenizer.get_vocab()
+            moved = sum(ours.get(t) != i for t, i in theirs.items()) + len(set(ours) - set(theirs))
+            if moved:
+                raise UserError(
+                    f"{path}: the checkpoint's tokenizer differs from this run's ({moved} of {len(theirs)} tokens "
+                    "are missing or have other ids): the run reads another dataset; load it with "
+                    "stabray.train.load_run(path), which builds the run with the checkpoint's tokenizer"
+                )
         if self.spec.pretrained is None:
-            self.model.load_state_dict(state["model"])
+            try:
+                self.model.load_state_dict(state["model"])
+            except RuntimeError as e:
+                raise state_misfit(path, e, "the model built from the run's config") from None
         else:  # the checkpoint holds what trains (see save); the base weights come from `pretrained`
             res = self.model.load_state_dict(state["model"], strict=False)
             saved = set(state["model"])

@@ -30,6 +30,11 @@ from stabray.registry import Registry
 
 def best_epoch(history: list[dict[str, float]], metric: str = "val_acc") -> dict[str, float]:
     """best_<metric> and best_epoch (ties: the earlier epoch) over the epochs run so far."""
+    if not history:
+        raise UserError("best_epoch: no epoch has run yet")
+    if not any(metric in h for h in history):
+        known = sorted({k for h in history for k in h} - {"epoch"})
+        raise UserError(f"best_epoch: {metric!r} is not a per-epoch metric of this run; it has {', '.join(known)}")
     best = max(history, key=lambda h: (h.get(metric, float("-inf")), -h["epoch"]))
     return {f"best_{metric}": best[metric], "best_epoch": best["epoch"]}
 
@@ -44,6 +49,15 @@ class StabilityOptions:
     aggregation: str = "block"  # block | token_mean
     include_question: bool = False  # count the question as step 0
     T: int = 0  # evaluate the chain up to T (rows 1..min(T, T_max)); 0 = T_max
+
+    def __post_init__(self):
+        for name in ("n", "iters", "token_cap"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise UserError(f"stability options: {name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.aggregation not in ("block", "token_mean"):
+            raise UserError(f"stability options: aggregation must be block or token_mean, got {self.aggregation!r}")
+        if not isinstance(self.T, int) or self.T < 0:
+            raise UserError(f"stability options: T must be 0 (T_max) or a positive integer, got {self.T!r}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,22 @@ class Runner(abc.ABC):
     def best_epoch(self, metric: str = "val_acc") -> dict[str, float]:
         return best_epoch(self.history, metric)
 
+    def check_more_epochs(self) -> None:
+        """A UserError when every configured epoch has run: another would train past the learning-rate
+        schedule (which ends at train.epochs) and count epochs the config does not have."""
+        if self.done:
+            raise UserError(
+                f"all {self.cfg.train.epochs} epochs (train.epochs) have run; make a run with more epochs to train on"
+            )
+
+    def check_eval_args(self, split: str, **counts: int) -> None:
+        """A UserError for a split this run does not have, or a count (examples, seeds) below 1."""
+        if split not in self.data:
+            raise UserError(f"split {split!r}: this run has {', '.join(self.data)}")
+        for name, n in counts.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise UserError(f"{name} must be a positive integer, got {n!r}")
+
     def final_stability(self) -> dict[str, Any]:
         """The eq. (4) table and weight-noise stability at the end, as configured in `eval`."""
         out: dict[str, Any] = {}
@@ -149,9 +179,13 @@ RUNNERS: Registry[type[Runner]] = Registry("runner")
 
 def make_run(config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None) -> Runner:
     """The runner the config's task names, built from the config (`tokenizer_dir`: a saved tokenizer)."""
+    from stabray.spec import run_problem
     from stabray.tasks import TASKS
 
     cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
+    if problem := run_problem(cfg):
+        field, text = problem
+        raise UserError(f"trial config: {text if text.startswith(field) else f'{field}: {text}'}")
     return RUNNERS.get(TASKS.get(cfg.task.name).runner)(cfg, tokenizer_dir=tokenizer_dir)
 
 
@@ -236,11 +270,14 @@ def load_run(path: str | Path) -> Runner:
     except UserError:
         raise
     except (RuntimeError, KeyError, ValueError, TypeError) as e:  # load_state_dict: keys or shapes differ
-        # torch: "Error(s) in loading state_dict for X:" then one indented line per problem
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        first = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
-        more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
-        raise UserError(
-            f"{path}: the saved state does not fit the model of its {CONFIG}: {first[:200]}{more}"
-        ) from None
+        raise state_misfit(path, e, f"the model of its {CONFIG}") from None
     return run
+
+
+def state_misfit(path: str | Path, e: Exception, model: str) -> UserError:
+    """The error for saved weights that do not fit `model` (torch's "Error(s) in loading state_dict for
+    X:", then one indented line per problem): the first problem, and how many more."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    first = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
+    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+    return UserError(f"{path}: the saved state does not fit {model}: {first[:200]}{more}")

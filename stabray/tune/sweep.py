@@ -17,7 +17,7 @@ from ray import tune
 from stabray.config import SweepSpec, set_path
 from stabray.errors import UserError
 from stabray.record import BUNDLE, run_folder
-from stabray.spec import space_path
+from stabray.spec import check_spec, space_path
 from stabray.tasks import TASKS
 from stabray.tracking import Store, check_experiment, check_store, resolve_tracking_uri
 from stabray.tune import ray_state
@@ -468,6 +468,7 @@ def run_sweep(
     a multi-method sweep, one Optuna study and one MLflow group run per method, run one after the
     other), info holds the tracking URI, experiment, parent run id, results directory, completeness
     and, after SIGINT / SIGTERM, `interrupted` (the signal's name)."""
+    check_spec(spec, spec_path)  # a SweepSpec built in Python, not read by load_spec: the same rules
     check_address(address)  # a malformed, dead or stale address: before any folder or store is made
     uri = resolve_tracking_uri(tracking_uri, spec.mlflow.tracking_uri)
     experiment = spec.mlflow.experiment or spec.name
@@ -812,21 +813,25 @@ def run_configs(
     address: str | None = None,
 ):
     """Run fixed trial configs (e.g. a selected configuration with several seeds) as one Ray Tune
-    run, logged to `experiment` under a new parent run; `address` as `run_sweep`'s."""
+    run, logged to `experiment` under a new parent run; `address` as `run_sweep`'s. Each config (a
+    dict in `TrialConfig`'s layout, or a TrialConfig) is checked as `make_run` checks it before Ray
+    starts or any run is made; the parent run ends FAILED when a trial failed."""
+    trials = checked_configs(configs)
     uri = resolve_tracking_uri(tracking_uri)
     quiet_logs(False)
     check_address(address)  # before the store is made, as run_sweep
+    results = open_storage(storage)
+    check_store(uri, create=True, write=True)
     store = Store(uri, experiment)
     init_ray(address)
-    results = open_storage(storage)
     run = run_folder(name)
-    parent = store.start_parent(name, run, {"configs": configs})
+    parent = store.start_parent(name, run, {"configs": trials})
     cb = MLflowTuneCallback(uri, experiment, parent)
-    epochs = max(int(c.get("train", {}).get("epochs") or 1) for c in configs)
-    console = SweepConsole(f"{experiment} {name}", len(configs), epochs, namer=cb.name_of)
+    epochs = max(c["train"]["epochs"] for c in trials)
+    console = SweepConsole(f"{experiment} {name}", len(trials), epochs, namer=cb.name_of)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpu, "gpu": gpu}),
-        param_space={BUNDLE: tune.grid_search([copy.deepcopy(c) for c in configs])},
+        param_space={BUNDLE: tune.grid_search(trials)},
         tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=trial_name, reuse_actors=True),
         run_config=tune.RunConfig(
             name=run,
@@ -838,6 +843,35 @@ def run_configs(
             sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
     )
-    grid = tuner.fit()
-    store.end(parent, "FINISHED")
+    try:
+        grid = tuner.fit()
+    except BaseException:
+        store.end(parent, "FAILED")
+        raise
+    store.end(parent, "FAILED" if grid.errors else "FINISHED")
     return grid
+
+
+def checked_configs(configs: Any) -> list[dict[str, Any]]:
+    """`run_configs`' trial configs, each validated (`parse_trial_config`, then `run_problem`) and
+    written out whole (the default method included), or a UserError naming the config at fault."""
+    from stabray.config import TrialConfig, parse_trial_config
+    from stabray.spec import run_problem
+
+    if isinstance(configs, dict | TrialConfig) or not isinstance(configs, list | tuple) or not configs:
+        raise UserError(
+            f"run_configs: configs must be a non-empty list of trial configs (dicts in TrialConfig's layout), "
+            f"got {type(configs).__name__}{' (empty)' if isinstance(configs, list | tuple) else ''}"
+        )
+    out = []
+    for i, c in enumerate(configs):
+        if not isinstance(c, dict | TrialConfig):
+            raise UserError(f"run_configs: config {i} is a {type(c).__name__}, not a dict")
+        try:
+            cfg = c if isinstance(c, TrialConfig) else parse_trial_config(c)
+        except UserError as e:
+            raise UserError(f"run_configs: config {i}: {e}") from None
+        if problem := run_problem(cfg):
+            raise UserError(f"run_configs: config {i}: {problem[0]}: {problem[1]}")
+        out.append(cfg.model_dump(mode="json"))
+    return out

@@ -11,22 +11,30 @@ every epoch and resumes from Ray's checkpoint. It uses the GPU Ray assigns, else
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from stabray.config import TrialConfig, parse_trial_config
+from stabray.errors import UserError
 from stabray.record import unwrap
 from stabray.tune.report import assigned_cpus, get_checkpoint_dir, placement, report
 
 
-def trainable(config: dict[str, Any]) -> None:
+def trainable(config: dict[str, Any] | TrialConfig) -> None:
     from stabray.train import make_run
     from stabray.train.loop import kernels
 
-    config = unwrap(config)
-    if not config.get("train", {}).get("threads"):
+    cfg = config if isinstance(config, TrialConfig) else parse_trial_config(unwrap(config))
+    if cfg.cache_dir is not None and not Path(cfg.cache_dir).expanduser().is_absolute():
+        raise UserError(
+            f"trial config: cache_dir {cfg.cache_dir!r} is relative, and Ray runs each trial in its own folder "
+            "(each would generate and cache the data apart); give an absolute path"
+        )
+    if not cfg.train.threads:
         torch.set_num_threads(assigned_cpus())
-    run = make_run(config)
+    run = make_run(cfg)
     get_checkpoint_dir(run.load)  # a restored trial continues from its last epoch
     first = True
     while not run.done:
