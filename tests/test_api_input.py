@@ -236,3 +236,39 @@ def test_analysis_takes_a_rule_or_group_by_name_and_names_its_arguments():
         Rule("eaf_within", -1)
     with pytest.raises(UserError, match="experiment must be"):
         load(None)
+
+
+def test_the_stability_functions_refuse_arguments_that_would_give_a_wrong_number():
+    """A batch of -1 examples measured none and reported an EAF of 0; a negative C2 step gave a bound of
+    1e25; norms and T that do not match read past the matrix. The control: the same calls with good
+    arguments give finite numbers."""
+    import torch
+
+    from stabray.data.encode import Encoder
+    from stabray.data.tokenizer import build_tokenizer
+    from stabray.models.build import ModelSpec, build_model
+    from stabray.stability import decompose, estimate_eaf, inference_loss
+    from stabray.stability.jacobian import eaf_from_norms
+    from stabray.tasks import get_task
+
+    task = get_task("dijkstra", n_nodes=4, decimals=1)
+    exs = [task.sample(np.random.RandomState(i), 4) for i in range(2)]
+    tok = build_tokenizer([t for e in exs for t in (e.question, e.question_nohint, e.answer)])
+    model, enc = build_model(ModelSpec(preset="tiny"), tok), Encoder(tok)
+    encoded = [enc.encode(e.question, e.steps, e.final) for e in exs]
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got -1"):
+        estimate_eaf(model, encoded, iters=1, token_cap=1, batch_size=-1)
+    assert math.isfinite(estimate_eaf(model, encoded, iters=1, token_cap=1, batch_size=1).eaf)
+    with pytest.raises(ValueError, match="c2_delta must be a finite number > 0, got -1"):
+        decompose(model, enc, exs, iters=1, token_cap=1, c2_delta=-1)
+    with pytest.raises(ValueError, match="no examples"):
+        decompose(model, enc, [], iters=1, token_cap=1)
+    with pytest.raises(ValueError, match="no examples"):
+        inference_loss(model, enc, [])
+    assert math.isfinite(inference_loss(model, enc, exs))
+    norms = torch.rand(4, 4) + 0.5
+    with pytest.raises(ValueError, match="T must be in 1..3"):
+        eaf_from_norms(norms, T=10)
+    with pytest.raises(ValueError, match="square"):
+        eaf_from_norms(torch.rand(4, 3))
+    assert eaf_from_norms(norms) == eaf_from_norms(norms, T=3) > 0  # the default T is the last step

@@ -219,6 +219,10 @@ def _decompose(
     `eval_steps`: Alg. 1 / MTP with lam < 1 their compressed chain) and its decoding are used, so
     every term is measured on the chain the model is trained to read and write. None: the question
     and every step. A method with latent thoughts goes to `decompose_latent`."""
+    if not examples:
+        raise ValueError("decompose: no examples (an empty list)")
+    if not (math.isfinite(c2_delta) and c2_delta > 0):  # the size of C2's finite difference
+        raise ValueError(f"decompose: c2_delta must be a finite number > 0, got {c2_delta}")
     if method is not None and method.latent_thoughts:
         return decompose_latent(
             model,
@@ -430,6 +434,8 @@ def inference_loss(
     """Mean final-answer cross-entropy (EOS excluded) given the model's own greedy steps. With a
     method: its evaluation prompt, chain form, decoding and inputs (`Method.eval_prompt`,
     `eval_steps`, `generate`, `model_inputs`); without one, the question and the full chain."""
+    if not examples:
+        raise ValueError("inference_loss: no examples (an empty list)")
     prompts = [method.eval_prompt(e) for e in examples] if method is not None else [e.question for e in examples]
     encoded = [
         encoder.encode(p, method.eval_steps(e) if method is not None else e.steps, e.final)

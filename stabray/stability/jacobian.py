@@ -259,16 +259,24 @@ def rho_matrix(norms: torch.Tensor) -> torch.Tensor:
 
 def eaf_from_norms(norms: torch.Tensor, T: int | None = None, include_question: bool = False) -> float:
     """EAF = sum_{i<T} rho_i^(T) (i from 1, or 0 with the question), for the chain truncated to T."""
+    if norms.ndim != 2 or norms.shape[0] != norms.shape[1]:
+        raise ValueError(f"norms must be a square (T+1) x (T+1) matrix, got shape {tuple(norms.shape)}")
     T = norms.shape[0] - 1 if T is None else T
+    if not 1 <= T <= norms.shape[0] - 1:
+        raise ValueError(f"T must be in 1..{norms.shape[0] - 1} for these norms, got {T}")
     rho = rho_matrix(norms[: T + 1, : T + 1])
     return float(rho[0 if include_question else 1 : T, T].sum())
 
 
-def _check(aggregation: str, iters: int, token_cap: int):
+def _check(aggregation: str, iters: int, token_cap: int, batch_size: int = 1, n_examples: int = 1):
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if iters < 1 or token_cap < 1:
         raise ValueError(f"iters and token_cap must be >= 1, got {iters}, {token_cap}")
+    if batch_size < 1:  # a batch of -1 examples would measure none and report an EAF of 0
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if n_examples < 1:
+        raise ValueError("no examples to measure (an empty list)")
 
 
 def _start_vectors(seed: int, index: int, P: int, C: int, d: int) -> torch.Tensor:
@@ -328,7 +336,7 @@ def estimate_eaf(
     batch_size: examples per forward; max_tangent_elems bounds probes x examples x window x d held
     at once (probes beyond it run in further chunks).
     """
-    _check(aggregation, iters, token_cap)
+    _check(aggregation, iters, token_cap, batch_size)
     if method is not None and method.latent_thoughts:
         encoded = [with_latent_steps(e, method.latent_slots(e.input_ids)) for e in encoded]
     else:
