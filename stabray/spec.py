@@ -279,10 +279,9 @@ def _trial_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
 
 def _icl_problem(cfg: TrialConfig) -> tuple[str, str] | None:
     """(field, what is wrong) when a task of the in-context GD runner is given what that runner does not
-    read: a model field away from its default (the runner builds its own model from task.params; the
-    preset and max_positions, which every shipped spec's base sets, are left out, and init_seed, which
-    seeds its weights) or device cuda (it
-    trains on the CPU); None otherwise, and for every other task."""
+    read, or None (and for every other task): a model field away from its default (the runner builds its
+    own model from task.params; left out: the preset and max_positions, which every shipped spec's base
+    sets, and init_seed, which seeds its weights), or device cuda (it trains on the CPU)."""
     from stabray.config import ModelCfg
     from stabray.tasks import TASKS
 
