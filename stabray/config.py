@@ -568,18 +568,21 @@ class SearchCfg(Strict):
             dup = [m for m in self.metrics if self.metrics.count(m) > 1]
             if dup:
                 raise ValueError(f"metrics: {dup[0]!r} is listed twice")
-            # metric/mode beside the lists (a spec's own, or its include's) must be the lists' first objective:
-            # the lists replace them, so any other metric or mode would be silently ignored
+            # metric/mode beside the lists (a spec's own, or its include's: _base.yaml sets val_acc/max) must
+            # agree with them, or they would be silently ignored: the metric one of the listed objectives,
+            # with the mode the lists give it
             drop = "for one objective, drop the lists (metrics: null, modes: null)"
-            if "metric" in self.model_fields_set and self.metric != self.metrics[0]:
+            if "metric" in self.model_fields_set and self.metric not in self.metrics:
                 raise ValueError(
-                    f"metric {self.metric!r} beside metrics {self.metrics}, whose first ({self.metrics[0]!r}) is the "
-                    f"primary objective: the lists replace metric and mode, so it would be ignored; {drop}"
+                    f"metric {self.metric!r} beside metrics {self.metrics}: the lists replace metric and mode, so "
+                    f"it would be ignored; list it in metrics (with its mode in modes), or {drop}"
                 )
-            if "mode" in self.model_fields_set and self.mode != self.modes[0]:
+            listed = self.modes[self.metrics.index(self.metric)] if self.metric in self.metrics else None
+            if {"metric", "mode"} & self.model_fields_set and listed is not None and listed != self.mode:
                 raise ValueError(
-                    f"mode {self.mode!r} beside modes {self.modes}: the lists replace metric and mode, so it would be "
-                    f"ignored ({self.metrics[0]!r} is optimised {self.modes[0]!r}); {drop}"
+                    f"metric {self.metric!r} with mode {self.mode!r} beside metrics {self.metrics} and modes "
+                    f"{self.modes}, which optimise it {listed!r}: the lists replace metric and mode, so these would "
+                    f"be ignored; set mode: {listed} to keep the lists, or {drop}"
                 )
         if self.sampler is not None and self.searcher != "optuna":
             raise ValueError(

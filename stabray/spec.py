@@ -300,20 +300,28 @@ def _icl_problem(cfg: TrialConfig) -> tuple[str, str] | None:
     return None
 
 
-def run_problem(cfg: TrialConfig) -> tuple[str, str] | None:
+def run_problem(cfg: TrialConfig, local_paths: bool = True) -> tuple[str, str] | None:
     """(field, what is wrong) with one trial config that `load_spec` would refuse in a sweep, or None:
     what `TrialConfig` alone cannot see (`_trial_problem`: the task's and the method's own values, a
     method's values on this model; a local model directory that is not there; sequences past the
     embedded model's positions). `make_run` asks it, so the Python API and a trainable in a Ray
-    pipeline of one's own refuse what the sweep command refuses, before any data or model is built."""
+    pipeline of one's own refuse what the sweep command refuses, before any data or model is built.
+    `local_paths`: whether a local model directory must be on this machine (not when the trials run
+    elsewhere, through Ray Client)."""
     from stabray.config import local_model_problem
 
     trial = cfg.model_dump()
     if problem := _trial_problem(trial):
         return problem
-    if problem := local_model_problem(cfg.model.pretrained):
+    if local_paths and (problem := local_model_problem(cfg.model.pretrained)):
         return "model.pretrained", problem
     return _sequence_problem(trial)
+
+
+def problem_text(problem: tuple[str, str]) -> str:
+    """One line for a (field, what is wrong) pair: the field, unless the text already starts with it."""
+    field, text = problem
+    return text if text.startswith(field) else f"{field}: {text}"
 
 
 # Per-epoch objectives that not every text trial reports: a trial that does not would fail the sweep at
@@ -386,7 +394,9 @@ def _sequence_problem(trial: dict[str, Any]) -> tuple[str, str] | None:
         return None
     keep = ("family", "positions", "max_positions", "position_span", "numbers")
     key = json.dumps(
-        [cfg.task.model_dump(), cfg.method.model_dump(), {k: getattr(m, k) for k in keep}], sort_keys=True, default=str
+        [cfg.task.model_dump(), cfg.method.model_dump(), {k: getattr(m, k) for k in keep}, cfg.train.epochs],
+        sort_keys=True,
+        default=str,
     )
     return _sequence_length_problem(key)
 
@@ -399,10 +409,10 @@ def _sequence_length_problem(key: str) -> tuple[str, str] | None:
     step's positions from the span, so no training sequence may be longer (evaluation inputs may: the
     stride fits them, stabray.models.positions). Judged on 4 examples per size (in distribution, and for
     gpt2 the longer splits too: a lower bound of the longest), each as the method's evaluation encodes
-    it (BOS, prompt, chain, final answer, EOS) and, in distribution, as its first epoch's training view
-    does (the curricula of Implicit CoT and Coconut take steps away as the epochs pass, so epoch 0's is
-    their longest: Coconut's writes every step beside its empty latent markers, where its evaluation
-    writes none), with a word-level tokenizer built from them, as the trial's."""
+    it (BOS, prompt, chain, final answer, EOS) and, in distribution, as training reads it at the epochs
+    that hold its longest views (`Method.view_epochs`: the first for most methods; each of Coconut's
+    stages, which write the remaining steps beside their latents, where its evaluation writes none),
+    with a word-level tokenizer built from them, as the trial's."""
     import json
 
     import numpy as np
@@ -412,7 +422,7 @@ def _sequence_length_problem(key: str) -> tuple[str, str] | None:
     from stabray.methods import get_method
     from stabray.tasks import TASKS, get_task
 
-    task_cfg, method_cfg, m = json.loads(key)
+    task_cfg, method_cfg, m, epochs = json.loads(key)
     cfg = TrialConfig.model_validate({"task": task_cfg, "method": method_cfg, "model": m})
     m = cfg.model
     learned = m.family == "gpt2" and m.positions == "default"
@@ -430,8 +440,9 @@ def _sequence_length_problem(key: str) -> tuple[str, str] | None:
 
     def lengths(n, e):
         yield len(enc.encode(method.eval_prompt(e), method.eval_steps(e), e.final).input_ids)
-        if n in in_dist:  # and as the first epoch trains on it: Coconut's stage 0 writes every step
-            yield len(enc.encode(*method.train_view(e, 0, view_rng), e.final).input_ids)
+        if n in in_dist:  # and as training reads it at the epochs of its longest views (Method.view_epochs)
+            for epoch in method.view_epochs(epochs):
+                yield len(enc.encode(*method.train_view(e, epoch, view_rng), e.final).input_ids)
 
     longest, size = max((k, n) for n, e in examples for k in lengths(n, e))
     limit = m.max_positions if learned else (m.position_span or m.max_positions)
@@ -612,11 +623,14 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             mode_field, metric_field = (
                 (f"search.modes.{i}", f"search.metrics.{i}") if s.multi else ("search.mode", "search.metric")
             )
+            fix = f"search.mode: {better}"
+            if s.multi:
+                fix = f"search.modes: [{', '.join(better if k == i else m for k, m in enumerate(s.modes or []))}]"
             raise SpecError(
                 where,
                 mode_field,
                 f"{mode}, but {metric} is better {'higher' if better == 'max' else 'lower'}, so the search would "
-                f"favour the worst trials (and ASHA stop the best); set {mode_field}: {better}",
+                f"favour the worst trials (and ASHA stop the best); set {fix}",
                 related=(metric_field,),
             )
     objectives = list(s.metrics or []) if s.multi else [s.metric]

@@ -151,16 +151,36 @@ def test_a_runner_refuses_misuse_and_loads_only_what_fits(tmp_path):
     assert same.history == run.history and same.done
 
 
-def test_qat_on_lora_targets_of_a_model_without_lora_is_refused():
-    """Directly at the QAT layer too (`apply_qat` on a model a user built): it would quantize nothing."""
-    from stabray.data.tokenizer import build_tokenizer
-    from stabray.methods.qat import quantizable_linears
-    from stabray.models.build import ModelSpec, build_model
+def test_a_checkpoint_is_loaded_under_the_rules_it_trained_under(tmp_path):
+    """`load_run` builds the run without `make_run`'s checks: a checkpoint whose config is refused today
+    (QAT on LoRA targets of a model without LoRA, which trained at full precision) still loads, with its
+    weights and history, for `stability` and the figures to read; `make_run` refuses the same config."""
+    import json
 
-    model = build_model(ModelSpec(preset="tiny"), build_tokenizer(["a b c"]))
-    with pytest.raises(UserError, match="quantize='lora'.*the model has no LoRA"):
-        quantizable_linears(model, "lora")
-    assert quantizable_linears(model, "base")  # the control
+    from stabray.train import load_run, make_run
+    from stabray.train.runner import CONFIG
+
+    run = make_run(config(method={"name": "alg1", "params": {"bits": 32}}))
+    run.epoch()
+    run.save(tmp_path / "ck")
+    old = json.loads((tmp_path / "ck" / CONFIG).read_text())
+    old["method"]["params"].update(bits=4, quantize="lora")
+    (tmp_path / "ck" / CONFIG).write_text(json.dumps(old))
+    with pytest.raises(UserError, match="quantize='lora' quantizes LoRA adapters"):
+        make_run(old)
+    back = load_run(tmp_path / "ck")
+    assert back.history == run.history and back.cfg.method.params["quantize"] == "lora"
+
+
+def test_run_configs_leaves_a_local_model_path_to_the_cluster_through_ray_client():
+    """Through Ray Client the trials run elsewhere: a local model directory missing here is not refused
+    (as the sweep command does); on this machine it is."""
+    from stabray.tune.sweep import checked_configs
+
+    cfg = config(model={"pretrained": "/nonexistent/shared/model"})
+    with pytest.raises(UserError, match="config 0: model.pretrained /nonexistent/shared/model: no such directory"):
+        checked_configs([cfg])
+    assert checked_configs([cfg], local_paths=False)[0]["model"]["pretrained"] == "/nonexistent/shared/model"
 
 
 def test_run_configs_checks_every_config_before_ray_or_mlflow(tmp_path):
@@ -267,7 +287,7 @@ def test_the_stability_functions_refuse_arguments_that_would_give_a_wrong_number
         inference_loss(model, enc, [])
     assert math.isfinite(inference_loss(model, enc, exs))
     norms = torch.rand(4, 4) + 0.5
-    with pytest.raises(ValueError, match="T must be in 1..3"):
+    with pytest.raises(ValueError, match="T must be in 0..3"):
         eaf_from_norms(norms, T=10)
     with pytest.raises(ValueError, match="square"):
         eaf_from_norms(torch.rand(4, 3))

@@ -190,6 +190,9 @@ def test_every_objective_has_a_direction_and_the_search_is_held_to_it():
         wrong = {"min": "max", "max": "min"}[mode]
         with pytest.raises(SpecError, match=f"search.mode: {wrong}, but {metric} is better"):
             load_spec("dijkstra", {"search.metric": metric, "search.mode": wrong})
+    # several objectives in any order (the base's metric/mode, val_acc max, agree with the lists)
+    pareto = {"search.metrics": ["val_eaf", "val_acc"], "search.modes": ["min", "max"]}
+    assert load_spec("dijkstra_pareto", pareto)[0].search.objectives() == [("val_eaf", "min"), ("val_acc", "max")]
 
 
 def test_registries_name_classes_once():

@@ -29,8 +29,9 @@ def split_seed(seed: int, split: str, size: int | tuple[int, ...]) -> int:
 
 
 def _size_field(split: str) -> str:
-    """The spec field that sets a split's number of examples (a length split's is test_size's)."""
-    return f"{split}_size" if split in ("train", "val") else "test_size"
+    """The spec field that sets a split's number of examples (a resampled epoch's, `train-epoch<k>`, is
+    train_size's; a length split's test_size's)."""
+    return "train_size" if split.startswith("train") else "val_size" if split == "val" else "test_size"
 
 
 def draw(

@@ -107,6 +107,12 @@ class Method:
     def validate(self) -> None:
         """Raise UserError for impossible values."""
 
+    def view_epochs(self, epochs: int) -> tuple[int, ...]:
+        """The epochs (of `epochs`) whose training views hold each example's longest: the sequence-length
+        check reads the training views at them. The first epoch, for a method whose curriculum only takes
+        tokens away as the epochs pass (Implicit CoT) or has none."""
+        return (0,)
+
     def model_problem(self, model) -> str | None:
         """What is wrong with these hyperparameters on this model (a config.ModelCfg), or None: a
         combination the method's own values cannot rule out, checked when a spec or a trial is read."""

@@ -81,6 +81,12 @@ class Coconut(Method):
         k = p.max_stage if p.pad_to_max else min(n_steps, p.max_stage)
         return n_steps, k * p.latents_per_step
 
+    def view_epochs(self, epochs: int) -> tuple[int, ...]:
+        """The first epoch of every stage the run reaches: a stage adds c latents per step it removes, so
+        with c above a step's tokens a later stage's view is the longest."""
+        per = self.params.epochs_per_stage
+        return tuple(s * per for s in range(self.params.max_stage + 2) if s * per < epochs) or (0,)
+
     def on_train_step(self, step, steps_per_epoch):
         """At the first step of an epoch whose curriculum differs from the previous epoch's: a fresh
         optimizer and a fresh learning-rate schedule (warm-up, then its shape over the remaining

@@ -200,8 +200,6 @@ def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Lin
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     out = []
     has_lora = any("lora_" in n for n, _ in model.named_modules())
-    if target == "lora" and not has_lora:  # it would quantize nothing: a full-precision run logged at `bits`
-        raise UserError("quantize='lora' quantizes the LoRA adapters, and the model has no LoRA")
     for name, mod in model.named_modules():
         if not isinstance(mod, nn.Linear) or mod is head:
             continue

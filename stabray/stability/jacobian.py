@@ -262,8 +262,8 @@ def eaf_from_norms(norms: torch.Tensor, T: int | None = None, include_question: 
     if norms.ndim != 2 or norms.shape[0] != norms.shape[1]:
         raise ValueError(f"norms must be a square (T+1) x (T+1) matrix, got shape {tuple(norms.shape)}")
     T = norms.shape[0] - 1 if T is None else T
-    if not 1 <= T <= norms.shape[0] - 1:
-        raise ValueError(f"T must be in 1..{norms.shape[0] - 1} for these norms, got {T}")
+    if not 0 <= T <= norms.shape[0] - 1:  # T = 0: a chain without steps (an empty sum, EAF 0)
+        raise ValueError(f"T must be in 0..{norms.shape[0] - 1} for these norms, got {T}")
     rho = rho_matrix(norms[: T + 1, : T + 1])
     return float(rho[0 if include_question else 1 : T, T].sum())
 

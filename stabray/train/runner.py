@@ -177,15 +177,18 @@ def at_T(rows: list[dict[str, float]], T: int) -> dict[str, float]:
 RUNNERS: Registry[type[Runner]] = Registry("runner")
 
 
-def make_run(config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None) -> Runner:
-    """The runner the config's task names, built from the config (`tokenizer_dir`: a saved tokenizer)."""
-    from stabray.spec import run_problem
+def make_run(
+    config: dict[str, Any] | TrialConfig, tokenizer_dir: str | Path | None = None, check: bool = True
+) -> Runner:
+    """The runner the config's task names, built from the config (`tokenizer_dir`: a saved tokenizer).
+    `check`: first hold the config to a sweep's rules (`stabray.spec.run_problem`); `load_run` skips
+    it, since a checkpoint's config trained under the rules of its day."""
+    from stabray.spec import problem_text, run_problem
     from stabray.tasks import TASKS
 
     cfg = config if isinstance(config, TrialConfig) else parse_trial_config(config)
-    if problem := run_problem(cfg):
-        field, text = problem
-        raise UserError(f"trial config: {text if text.startswith(field) else f'{field}: {text}'}")
+    if check and (problem := run_problem(cfg)):
+        raise UserError(f"trial config: {problem_text(problem)}")
     return RUNNERS.get(TASKS.get(cfg.task.name).runner)(cfg, tokenizer_dir=tokenizer_dir)
 
 
@@ -264,7 +267,7 @@ def load_run(path: str | Path) -> Runner:
     except UserError as e:
         raise UserError(f"{path / CONFIG}: {e}") from None
     tok = path / "tokenizer"
-    run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None)
+    run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None, check=False)
     try:
         run.load(path)
     except UserError:

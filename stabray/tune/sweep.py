@@ -816,7 +816,8 @@ def run_configs(
     run, logged to `experiment` under a new parent run; `address` as `run_sweep`'s. Each config (a
     dict in `TrialConfig`'s layout, or a TrialConfig) is checked as `make_run` checks it before Ray
     starts or any run is made; the parent run ends FAILED when a trial failed."""
-    trials = checked_configs(configs)
+    client = (address or os.environ.get("RAY_ADDRESS") or "").startswith("ray://")
+    trials = checked_configs(configs, local_paths=not client)  # through Ray Client the trials run elsewhere
     uri = resolve_tracking_uri(tracking_uri)
     quiet_logs(False)
     check_address(address)  # before the store is made, as run_sweep
@@ -852,11 +853,11 @@ def run_configs(
     return grid
 
 
-def checked_configs(configs: Any) -> list[dict[str, Any]]:
+def checked_configs(configs: Any, local_paths: bool = True) -> list[dict[str, Any]]:
     """`run_configs`' trial configs, each validated (`parse_trial_config`, then `run_problem`) and
     written out whole (the default method included), or a UserError naming the config at fault."""
     from stabray.config import TrialConfig, parse_trial_config
-    from stabray.spec import run_problem
+    from stabray.spec import problem_text, run_problem
 
     if isinstance(configs, dict | TrialConfig) or not isinstance(configs, list | tuple) or not configs:
         raise UserError(
@@ -871,7 +872,7 @@ def checked_configs(configs: Any) -> list[dict[str, Any]]:
             cfg = c if isinstance(c, TrialConfig) else parse_trial_config(c)
         except UserError as e:
             raise UserError(f"run_configs: config {i}: {e}") from None
-        if problem := run_problem(cfg):
-            raise UserError(f"run_configs: config {i}: {problem[0]}: {problem[1]}")
+        if problem := run_problem(cfg, local_paths):
+            raise UserError(f"run_configs: config {i}: {problem_text(problem)}")
         out.append(cfg.model_dump(mode="json"))
     return out
