@@ -199,6 +199,9 @@ def test_run_configs_checks_every_config_before_ray_or_mlflow(tmp_path):
             checked_configs(bad)
     (one,) = checked_configs([config()])
     assert one["method"] == {"name": "sft_cot", "params": {}} and one["task"]["train_size"] == 16
+    searched = config(method={"name": "alg1", "params": {"lam": np.float32(0.5), "bits": np.int64(2)}})
+    (plain,) = checked_configs([searched])  # numpy values, as a search gives them: plain JSON numbers
+    assert plain["method"]["params"] == {"lam": 0.5, "bits": 2} and type(plain["method"]["params"]["bits"]) is int
     uri = f"sqlite:///{tmp_path}/m.db"
     with pytest.raises(UserError, match="non-empty list"):
         run_configs([], "x", tracking_uri=uri, storage=str(tmp_path / "runs"))

@@ -5,6 +5,7 @@ every trial tracked in MLflow (parent run per sweep, child per trial)."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import socket
 import threading
@@ -874,5 +875,15 @@ def checked_configs(configs: Any, local_paths: bool = True) -> list[dict[str, An
             raise UserError(f"run_configs: config {i}: {e}") from None
         if problem := run_problem(cfg, local_paths):
             raise UserError(f"run_configs: config {i}: {problem_text(problem)}")
-        out.append(cfg.model_dump(mode="json"))
+        try:  # plain JSON values (numpy scalars in params, as a search gives them, become Python numbers)
+            out.append(json.loads(json.dumps(cfg.model_dump(), default=_plain)))
+        except TypeError as e:
+            raise UserError(f"run_configs: config {i}: {e}") from None
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar or array as the Python number or list it holds; anything else is not JSON."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"a value of type {type(value).__name__} is not a plain number, string or list: {value!r}")
