@@ -92,8 +92,11 @@ def _table3_study(args) -> int:
     from pathlib import Path
 
     from analysis.load import load
-    from analysis.tables import bits_study
+    from analysis.tables import BITS_STUDY, TABLE_EXTS, bits_study
+    from stabray.errors import check_output_folder
 
+    if args.out:
+        check_output_folder(args.out, [f"{BITS_STUDY}.{ext}" for ext in TABLE_EXTS], args.force)
     table = bits_study(load(args.experiment, args.tracking_uri, args.ray_dir).trials)
     print(table.to_markdown())
     if args.out:
@@ -111,13 +114,14 @@ def register_table3_study(subparsers) -> None:
     _common(p)
     p.add_argument("--ray-dir", default=None, help=RAY_DIR_HELP)
     p.add_argument("--out", default=None, help="also write the table (md, tex, csv) into this folder")
+    p.add_argument("--force", action="store_true", help="overwrite table3_study.* when --out holds them already")
     p.set_defaults(func=_table3_study)
 
 
 def _icl_figures(args) -> int:
     from analysis.icl_figures import run
 
-    run(args.source, args.experiment, args.tracking_uri, args.ray_dir, args.task, args.out)
+    run(args.source, args.experiment, args.tracking_uri, args.ray_dir, args.task, args.out, args.force)
     return 0
 
 
@@ -140,6 +144,7 @@ def register_icl_figures(subparsers) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (sqlite:////abs/mlflow.db)")
     p.add_argument("--ray-dir", default=None, help=RAY_DIR_HELP)
     p.add_argument("--out", default=None, help="folder for the PNGs (default: ./reports/<task>)")
+    p.add_argument("--force", action="store_true", help="overwrite the figures when --out holds them already")
     p.set_defaults(func=_icl_figures)
 
 

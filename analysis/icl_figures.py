@@ -262,13 +262,22 @@ def run(
     ray_dir: str | None = None,
     task: str | None = None,
     out: str | None = None,
+    force: bool = False,
 ) -> list[Path]:
+    """Figures 3 and 6 of one ICL trial into `out` (default ./reports/<task>). Files of the same names
+    there are replaced only with `force`; a given `out` is checked before anything is read."""
+    from stabray.errors import check_output_folder
+
+    names = [f"{n}.png" for n in FIGURES] + ["icl_figures.json"]
+    if out:
+        check_output_folder(out, names, force)
     curves, where = resolve(source, experiment, tracking_uri, ray_dir, task)
     if not curves.get("T"):
         from stabray.errors import UserError
 
         raise UserError(f"{where}: no per-T ICL curves found")
     out_dir = Path(out) if out else Path("reports") / (curves.get("task") or "icl")
+    check_output_folder(out_dir, names, force)
     paths = write_figures(curves, out_dir, where)
     print(f"from {where}")
     print(summary(curves))

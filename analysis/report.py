@@ -168,7 +168,8 @@ def icl_figures(experiment: str, trials, tracking_uri=None, ray_dir=None, out: P
     paths: list[Path] = []
     for task in tasks:
         try:
-            paths += run(None, experiment, tracking_uri, ray_dir, task, out / task)
+            # the report's own --out check (--force for a folder that holds files) covers these files
+            paths += run(None, experiment, tracking_uri, ray_dir, task, out / task, force=True)
         except UserError as e:  # e.g. no finished trial yet: the rest of the report still gets written
             print(f"warning: no ICL figures for {task}: {e}")
     return paths

@@ -59,6 +59,10 @@ HPARAM_LABELS = {
 NOT_HPARAMS = {"task", "method", "seed", "model", "task_version", "trial_id", "run_id", "status", "config_key"}
 
 
+TABLE_EXTS = ("md", "tex", "csv")  # the files Table.write writes, <name>.<ext>
+BITS_STUDY = "table3_study"  # bits_study's table name
+
+
 @dataclass(frozen=True)
 class Table:
     name: str  # file stem
@@ -108,7 +112,8 @@ class Table:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = []
-        for ext, text in (("md", self.to_markdown()), ("tex", self.to_latex()), ("csv", self.to_csv())):
+        texts = {"md": self.to_markdown, "tex": self.to_latex, "csv": self.to_csv}
+        for ext, text in ((ext, texts[ext]()) for ext in TABLE_EXTS):
             p = out / f"{self.name}.{ext}"
             p.write_text(text)
             paths.append(p)
@@ -750,7 +755,7 @@ def bits_study(trials: pl.DataFrame, by: Sequence[str] = ("task", "method", "lam
     (task, method, λ, bits), mean ± sample std (ddof=1) over the finished trials of test accuracy and
     the eq. (4) table read at stability_T (the `test_*_at_T` metrics: Σρ = test_eaf_at_T, Σε =
     test_sum_eps_at_T, each on the method's evaluation chain), with n and the T used."""
-    name = "table3_study"
+    name = BITS_STUDY
     caption = "Table 3 at laptop scale: eq. (4) terms per λ and bit-width at T = stability_T, mean ± std over seeds"
     by = list(by)
     cols = ["Task", "Method", "λ", "Bits", "n", *(c for c, _, _ in STUDY_METRICS), "T"]

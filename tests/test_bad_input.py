@@ -216,6 +216,9 @@ CASES = [
     ("reproduce_out_cannot_be_created", ["reproduce", "table1", "--dry-run", "--out", "/proc/o"], {}, ["--out /proc/o", "cannot create files in /proc"]),
     ("icl_figures_no_store", ["icl-figures", "nope"], {}, ["'nope' is not a directory", "no MLflow store"]),
     ("icl_figures_wrong_task", ["icl-figures", "ck"], lambda d, f: damage(d, f, None, None), ["dijkstra", "icl_linear or icl_quadratic"]),
+    ("icl_figures_out_exists", ["icl-figures", "nope", "--out", "o"], {"o": None, "o/icl_figures.json": "mine"}, ["o/icl_figures.json exists", "--force"]),
+    ("icl_figures_out_is_file", ["icl-figures", "nope", "--out", "o"], {"o": "x"}, ["--out o", "a file, not a directory"]),
+    ("icl_figures_out_cannot_be_created", ["icl-figures", "nope", "--out", "/proc/o"], {}, ["--out /proc/o", "cannot create files in /proc"]),
     ("ui_optuna_not_sqlite", ["ui", "--optuna", "x.db", "--no-wait"], {"x.db": "garbage" * 10}, ["--optuna x.db", "not an SQLite database"]),
     ("ui_optuna_not_a_study", ["ui", "--optuna", "x.db", "--no-wait"], lambda d, f: sqlite_without_studies(d / "x.db"), ["--optuna x.db", "without an Optuna study"]),
     ("ui_host_not_an_address", ["ui", "--host", "999.1.1.1", "--no-wait"], {}, ["--host 999.1.1.1", "not a host name or address"]),
@@ -616,6 +619,22 @@ def test_dry_run_reports_a_stale_ray_address_too(stale_ray_file, tmp_path, monke
     err = capsys.readouterr().err
     assert addr in err and str(file) in err and len(err.strip().splitlines()) == 1
     assert not ray.is_initialized()
+
+
+def test_table3_study_refuses_to_overwrite_before_reading_the_store(tmp_path, monkeypatch, capsys):
+    """`python -m analysis table3-study --out` keeps a table already there (exit 2, file unchanged)
+    unless --force, and says so before it reads any store (there is none here)."""
+    from analysis.cli import main as analysis_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "table3_study.csv").write_text("mine\n")
+    assert analysis_main(["table3-study", "--experiment", "x", "--out", "o"]) == 2
+    err = capsys.readouterr().err
+    assert "o/table3_study.csv exists; pass --force" in err and "Traceback" not in err
+    assert (tmp_path / "o" / "table3_study.csv").read_text() == "mine\n"
+    assert analysis_main(["table3-study", "--experiment", "x", "--out", "o", "--force"]) == 2
+    assert "no MLflow store" in capsys.readouterr().err  # with --force it goes on, to the missing store
 
 
 def test_unwritable_probes_the_nearest_existing_folder(tmp_path):

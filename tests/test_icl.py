@@ -261,7 +261,16 @@ def test_icl_figures_subcommand_plots_the_checkpoint_curves(tmp_path):
     out2 = tmp_path / "figs2"
     assert stabray_main(["icl-figures", str(trial), "--out", str(out2)]) == 0
     assert _plotted(out2)[1] == left
-    assert stabray_main(["icl-figures", str(tmp_path / "ray"), "--out", str(out2)]) == 2  # not a trial dir
+    assert (
+        stabray_main(["icl-figures", str(tmp_path / "ray"), "--out", str(tmp_path / "figs2b")]) == 2
+    )  # not a trial dir
+    assert not (tmp_path / "figs2b").exists()
+    png = out2 / "figure3_icl_losses.png"
+    png.write_bytes(b"mine")
+    assert stabray_main(["icl-figures", str(trial), "--out", str(out2)]) == 2  # the figures are there: kept
+    assert png.read_bytes() == b"mine"
+    assert stabray_main(["icl-figures", str(trial), "--out", str(out2), "--force"]) == 0
+    assert png.read_bytes() != b"mine" and _plotted(out2)[1] == left
 
     # --experiment with --ray-dir: the best of the sweep dir's trials (params.json + result.json as Ray writes them)
     other = tmp_path / "ray" / "trainable_1"

@@ -149,7 +149,7 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
 
     from stabray.spec import load_spec
     from stabray.tracking import Store, experiment_links
-    from stabray.tune.summary import log_sweep_summary, sweep_description, sweep_params, view_columns
+    from stabray.tune.summary import log_sweep_summary, sweep_description, sweep_params, view_columns, view_order
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
     spec, _ = load_spec("dijkstra", {"task.test_size": 20, "task.val_size": 20})
@@ -158,7 +158,9 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     parent = store.start_parent(
         "dijkstra", "dijkstra-1", spec.model_dump(), sweep_params(spec), sweep_description(spec)
     )
-    store.set_runs_view(view_columns(spec), order_by="metrics.val_acc")
+    order_by, ascending = view_order(spec)
+    assert (order_by, ascending) == ("metrics.val_acc", False)  # accuracy: highest first
+    store.set_runs_view(view_columns(spec), order_by=order_by, ascending=ascending)
     trials = [  # (lam, bits, lr, val_acc per epoch, final metrics or None when ASHA stopped it)
         (0.2, 4, 0.003, [0.3, 0.5, 0.8], {"test_acc": 0.75, "test_eaf": 3.2, "trivial_test_acc": 0.72}),
         (1.0, 32, 0.002, [0.2, 0.1], None),
@@ -203,6 +205,7 @@ def test_parent_run_holds_the_sweep_summary(tmp_path, monkeypatch):
     view = json.loads(exp.tags["mlflow.sharedViewState.stabray"])
     assert view["selectedColumns"][:4] == ["params.`lam`", "params.`bits`", "params.`lr`", "metrics.`val_acc`"]
     assert "tags.`stabray.status`" in view["selectedColumns"] and view["orderByKey"] == "metrics.`val_acc`"
+    assert view["orderByAsc"] is False
     metrics = [c for c in view["selectedColumns"] if c.startswith("metrics.")]
     assert metrics[:9] == [  # every accuracy with its trivial-rule floor right after it
         f"metrics.`{m}`"
@@ -355,3 +358,23 @@ def test_floor_columns_only_where_the_task_has_trivial_rules():
     assert not [c for c in view_columns(icl) if "trivial_" in c]
     lego, _ = load_spec("lego_cyclic", {})
     assert "metrics.trivial_test_acc_n4" in view_columns(lego)
+
+
+def test_the_runs_view_puts_a_minimized_objective_lowest_first(tmp_path):
+    """A sweep whose primary objective is minimized (the EAF) opens its runs table lowest first."""
+    from mlflow import MlflowClient
+
+    from stabray.spec import load_spec
+    from stabray.tracking import Store
+    from stabray.tune.summary import view_columns, view_order
+
+    spec, _ = load_spec(
+        "dijkstra",
+        {"search.metrics": ["val_eaf", "val_acc"], "search.modes": ["min", "max"], "search.scheduler": "fifo"},
+    )
+    assert view_order(spec) == ("metrics.val_eaf", True)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store = Store(uri, "dijkstra")
+    store.set_runs_view(view_columns(spec), *view_order(spec))
+    view = json.loads(MlflowClient(uri).get_experiment_by_name("dijkstra").tags["mlflow.sharedViewState.stabray"])
+    assert view["orderByKey"] == "metrics.`val_eaf`" and view["orderByAsc"] is True

@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from stabray.errors import UserError, unwritable
+from stabray.errors import UserError, check_output_folder
 
 
 def register(subparsers) -> None:
@@ -65,15 +65,7 @@ OUTPUTS = ("stability.csv", "stability.json")
 
 def check_out(out: Path, force: bool) -> None:
     """The output folder may be new or hold other files; our own outputs are replaced only with --force."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: a file, not a directory")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: the directory {out.parent} does not exist")
-    if why := unwritable(out):
-        raise UserError(f"--out {out}: {why}")
-    there = [f for f in OUTPUTS if (out / f).exists()]
-    if there and not force:
-        raise UserError(f"{out / there[0]} exists; pass --force to overwrite it, or --out another folder")
+    check_output_folder(out, OUTPUTS, force)
 
 
 def run(args) -> int:

@@ -290,10 +290,11 @@ class Store:
             self.log_params(run.info.run_id, params)
         return run.info.run_id
 
-    def set_runs_view(self, columns: list[str], order_by: str | None = None) -> str:
+    def set_runs_view(self, columns: list[str], order_by: str | None = None, ascending: bool = False) -> str:
         """Save the runs-table view a sweep is best read in: `columns` are `params.<name>`,
         `metrics.<name>` or `tags.<name>`, shown beside the run name; `order_by` one of them, best
-        first. Returns the share key (the UI URL's `viewStateShareKey`)."""
+        first (`ascending` for a metric minimized). Returns the share key (the UI URL's
+        `viewStateShareKey`)."""
 
         def key(col: str) -> str:
             kind, name = col.split(".", 1)
@@ -302,7 +303,7 @@ class Store:
         keys = [key(c) for c in columns]
         state: dict[str, Any] = {"selectedColumns": keys, "columnOrder": keys, "searchFilter": ""}
         if order_by:
-            state |= {"orderByKey": key(order_by), "orderByAsc": False}
+            state |= {"orderByKey": key(order_by), "orderByAsc": ascending}
         self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, json.dumps(state))
         return VIEW_KEY
 

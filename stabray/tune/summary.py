@@ -439,6 +439,13 @@ def view_columns(spec) -> list[str]:
     )
 
 
+def view_order(spec) -> tuple[str, bool]:
+    """The runs-table column the sweep's view is sorted by, best first: its primary objective, and
+    whether that is ascending (a metric minimized, e.g. `val_eaf`)."""
+    metric, mode = spec.search.objectives()[0]
+    return f"metrics.{metric}", mode == "min"
+
+
 def summary_markdown(spec, df: pl.DataFrame, wall_s: float | None = None) -> str:
     runner = "icl" if is_icl(spec.task.name) else "text"
     show, metric_cols = closing_table(spec, df, rows=50)

@@ -590,7 +590,7 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
         for run_id in (saved["parent_run_id"], *saved["groups"].values()):
             store.reopen(run_id)  # KILLED by the interrupt that --resume now continues
     else:
-        from stabray.tune.summary import sweep_description, sweep_params, view_columns
+        from stabray.tune.summary import sweep_description, sweep_params, view_columns, view_order
 
         saved = {
             "parent_run_id": store.start_parent(
@@ -603,7 +603,8 @@ def _run(spec, spec_path, results, run, uri, experiment, saved, address, verbose
         }
         try:
             results.write_json(info_file, saved)
-            store.set_runs_view(view_columns(spec), order_by=f"metrics.{spec.search.objectives()[0][0]}")
+            order_by, ascending = view_order(spec)
+            store.set_runs_view(view_columns(spec), order_by=order_by, ascending=ascending)
         except Exception:
             end_failed(store, saved)
             raise
