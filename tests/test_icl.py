@@ -134,6 +134,28 @@ def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     assert [r["eaf"] for r in got] == pytest.approx([r["eaf"] for r in want], rel=1e-9)
 
 
+def test_eaf_of_the_construction_is_a_geometric_series(tmp_path):
+    """With Lemma 3.3's weights the model is one exact GD step: J_{t-1}^(t) = M = I - (eta/n) X X^T per
+    prompt and J_i^(t) = 0 for i < t-1, so rho_i^(T) = c^(T-i) with c = max over prompts of ||M||_2 and
+    EAF(T) = sum_{k=1}^{T-1} c^k (c from numpy here, not the runner); the steps are exact (sum_eps = 0)."""
+    run = make_run(_cfg(tmp_path, epochs=1, last_target="gd"))
+    p = run.task.params
+    kq, v, _ = construction(p.d, p.n, run.task.kind)
+    with torch.no_grad():
+        run.model.W_kq.copy_(kq)
+        run.model.V.copy_(v)
+    n = 8
+    X = run.data["test"][0][:n].double().numpy()  # (B, d, n)
+    M = np.eye(p.d) - p.eta / p.n * X @ X.transpose(0, 2, 1)
+    c = max(np.linalg.norm(m, 2) for m in M)
+    assert 0.2 < c < 1  # a contraction, and not a trivial one
+    rows = run.decomposition(n)
+    assert [r["T"] for r in rows] == list(range(1, run.T + 1))
+    for r in rows:
+        assert r["eaf"] == pytest.approx(sum(c**k for k in range(1, r["T"])), rel=1e-6, abs=1e-12), r
+        assert r["sum_eps"] == pytest.approx(0.0, abs=1e-6), r
+
+
 def test_last_cot_label_is_theta_star(tmp_path):
     """L^CoT (Appendix A.2 / A.3.2): the labels are theta_1..theta_{T-1} and theta* for the last step;
     last_target=gd keeps theta_T. The training loss, val_loss and the loss gap follow the label."""

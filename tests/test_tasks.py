@@ -112,6 +112,56 @@ def test_shortest_paths_match_scipy(name):
         check_shortest_path_tree(ex)
 
 
+def test_bellman_ford_steps_are_the_rounds():
+    """Every written step, not only the answer: step k is pi after k rounds of relaxing every edge
+    from the previous round's distances. The k-hop distances D_k (D_0 = 0 at s, inf elsewhere;
+    D_k[v] = min(D_{k-1}[v], min_u D_{k-1}[u] + A[u, v])) are computed here with numpy; a node more
+    than k hops from s still points to itself, and every other node's parent u is an edge with
+    D_{k-1}[u] + A[u, v] = D_k[v]. The chain has one step per round that changed a distance, less the
+    last (whose pi is the answer)."""
+    steps_seen = 0
+    for ex, size in instances("bellman_ford"):
+        A, s = np.asarray(ex.meta["A"]), ex.meta["source"]
+        W = np.where(A != 0, A, np.inf)
+        D = [np.where(np.arange(size) == s, 0.0, np.inf)]
+        while True:
+            nxt = np.minimum(D[-1], (D[-1][:, None] + W).min(axis=0))
+            if np.array_equal(nxt, D[-1]):
+                break
+            D.append(nxt)
+        rounds = len(D)  # D_0 .. D_{R-1} differ; round R changes nothing
+        assert len(ex.steps) == max(0, rounds - 2), ex.answer
+        for k, text in enumerate([*ex.steps, ex.final], start=1):
+            k = min(k, rounds - 1)
+            pi = ints(text)
+            for v in range(size):
+                if v == s or np.isinf(D[k][v]):
+                    assert pi[v] == v, (k, v, ex.answer)
+                else:
+                    u = pi[v]
+                    assert A[u, v] != 0 and abs(D[k - 1][u] + A[u, v] - D[k][v]) <= 1e-9, (k, v, ex.answer)
+        steps_seen += len(ex.steps)
+    assert steps_seen > 100  # the check read many intermediate steps
+
+
+def test_bfs_steps_are_the_levels():
+    """Step k is pi after k levels, levels from scipy: a node at level <= k points to the
+    lowest-index neighbour one level closer, every other node to itself."""
+    steps_seen = 0
+    for ex, size in instances("bfs"):
+        A, s = np.asarray(ex.meta["A"]), ex.meta["source"]
+        level = csgraph.shortest_path(A, indices=s, unweighted=True)
+        for k, text in enumerate(ex.steps, start=1):
+            pi = ints(text)
+            for v in range(size):
+                if v == s or not level[v] <= k:
+                    assert pi[v] == v, (k, v, ex.answer)
+                else:
+                    assert pi[v] == min(u for u in range(size) if A[u, v] and level[u] == level[v] - 1)
+        steps_seen += len(ex.steps)
+    assert steps_seen > 50
+
+
 def test_prim_is_a_minimum_spanning_tree_of_the_source_component():
     for ex, _ in instances("mst_prim"):
         A, s = np.asarray(ex.meta["A"]), ex.meta["source"]
