@@ -273,30 +273,52 @@ def holds(clauses, bits: list[int]) -> bool:
 
 
 def replay_dpll(n, clauses, steps) -> dict[int, int]:
-    """Check every trace line against the assignment it claims to act on; return the end state."""
+    """Check every trace line against the assignment it acts on, by the rules of stabray.tasks.sat3's
+    docstring; return the end state. Propagation scans the clauses in order: the first clause with no
+    true literal and at most one unassigned one gives a `unit` (one) or a `conflict` (none); with no
+    such clause, `decide v = 1` on the lowest unassigned variable of an unsatisfied clause; `decide
+    v = 0` only right after a conflict, on the most recent decision whose 0 is untried, undoing
+    everything since its `decide v = 1`. At the end every clause is satisfied."""
     assign: dict[int, int] = {}
-    saved: dict[int, dict[int, int]] = {}
+    saved: dict[int, dict[int, int]] = {}  # insertion order: the most recent untried decision last
 
     def value(lit):
         v = assign.get(abs(lit))
         return None if v is None else (v == 1) == (lit > 0)
 
+    def forced():  # (the first clause with no true literal and <= 1 unassigned, its unassigned) or None
+        for c in clauses:
+            if any(value(lit) for lit in c):
+                continue
+            free = [lit for lit in c if value(lit) is None]
+            if len(free) <= 1:
+                return c, free
+        return None
+
+    prev = None
     for step in steps:
         if step == "conflict":
-            assert any(all(value(lit) is False for lit in c) for c in clauses)
+            f = forced()
+            assert f is not None and f[1] == [], (step, assign)
+            prev = step
             continue
         kind, v, b = re.fullmatch(r"(unit|decide) (\d+) = ([01])", step).groups()
         v, b = int(v), int(b)
-        if kind == "decide" and b == 1:
-            assert v not in assign
+        if kind == "unit":
+            f = forced()
+            assert f is not None and f[1] == [v if b else -v], (step, assign, f)
+        elif b == 1:
+            assert forced() is None, (step, assign)  # propagation had finished
+            open_vars = {abs(lit) for c in clauses if not any(value(x) for x in c) for lit in c if value(lit) is None}
+            assert v == min(open_vars), (step, sorted(open_vars))
             saved[v] = dict(assign)
-        elif kind == "decide":
+        else:
+            assert prev == "conflict" and saved and v == list(saved)[-1], (step, prev, list(saved))
             assign = dict(saved.pop(v))  # undo everything since "decide v = 1"
-        else:  # some clause has no true literal and only this one unassigned
-            lit = v if b else -v
-            assert v not in assign
-            assert any(lit in c and all(value(lit) is False for lit in c if lit != lit) for c in clauses)
+        assert v not in assign
         assign[v] = b
+        prev = step
+    assert forced() is None and all(any(value(lit) for lit in c) for c in clauses)
     return assign
 
 

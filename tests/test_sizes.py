@@ -384,6 +384,43 @@ def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_
         assert final[trivial_metric(split)] == pytest.approx(best)
 
 
+def test_each_split_logs_its_own_scores(tmp_path, cache_dir, monkeypatch):
+    """final() names each split's scores after that split, and epoch() the validation's: with the
+    generations chosen here, a different count per split of whole right answers, of right chains with
+    a wrong final answer (a 6-node final: the wrong length for every other split) and of answers
+    with neither, every logged accuracy and chain score is the count made here."""
+    import stabray.evaluate.metrics as metrics
+    from stabray.train import make_run
+
+    spec, _ = load_spec(str(write_spec(tmp_path)))
+    run = make_run({**spec.trial_base(), "cache_dir": cache_dir})
+    plan = {"val": (1, 2), "test": (2, 1), "test_n5": (4, 3), "test_n6": (7, 0)}  # (right, right chain only)
+    wrong6 = run.data["test_n6"][0].final  # 6 entries
+    wrong5 = run.data["test_n5"][0].final  # for the 6-node split: 5 entries
+    said: dict[str, str] = {}
+    for split, (k, j) in plan.items():
+        exs = run.data[split][: run.cfg.eval.val_examples or None] if split == "val" else run.data[split]
+        assert len(exs) > k + j
+        wrong = wrong5 if split == "test_n6" else wrong6
+        for i, e in enumerate(exs):
+            prompt = run.method.eval_prompt(e)
+            assert prompt not in said  # no question in two splits
+            chain = e.answer.rsplit("|", 1)[0]
+            said[prompt] = e.answer if i < k else chain + "| " + wrong if i < k + j else "[0 0] | " + wrong
+    monkeypatch.setattr(
+        metrics,
+        "generate_per_input",
+        lambda method, model, enc, prompts, *a, **kw: [list(enc.ids(said[p])) for p in prompts],
+    )
+    epoch, final = run.epoch(), run.final()
+    for split, (k, j) in plan.items():
+        n = len([p for p in said if p in {run.method.eval_prompt(e) for e in run.data[split]}])
+        got = epoch if split == "val" else final
+        name = "val_acc" if split == "val" else acc_metric(split)
+        assert got[name] == pytest.approx(k / n), (split, got[name])
+        assert got[steps_metric(split)] == pytest.approx((k + j) / n), split
+
+
 def test_evaluate_split_scores_the_written_chain_apart_from_the_answer(tmp_path, cache_dir, monkeypatch):
     """evaluate_split on chosen generations: a right answer, the right chain with a wrong final answer, a
     chain with a step left out and the right final answer, the final answer alone. acc counts the
