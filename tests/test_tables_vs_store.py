@@ -42,8 +42,10 @@ SPEC = {
     "name": EXPERIMENT,
     "task": {
         "name": "dijkstra",
-        "params": {"n_nodes": 4, "decimals": 1, "long_sizes": [5]},
-        "train_size": 32,
+        # 3 nodes and 256 training examples: enough for the tiny model to answer some questions after
+        # 3 epochs, so the accuracies differ between trials (at 4 nodes every trial scored 0.0)
+        "params": {"n_nodes": 3, "decimals": 1, "long_sizes": [4]},
+        "train_size": 256,
         "val_size": 8,
         "test_size": 8,
     },
@@ -54,11 +56,11 @@ SPEC = {
         # weight noise of 1e30: the loss is not finite at the first step, so every NSO trial FAILS
         {"name": "nso", "params": {"sigma": 1.0e30, "samples": 1}, "space": {}},
     ],
-    "train": {"epochs": 2, "batch_size": 16, "warmup_steps": 1, "threads": 1, "lr": 0.01},
+    "train": {"epochs": 3, "batch_size": 16, "warmup_steps": 1, "threads": 1, "lr": 0.003},
     "eval": {
         "eaf_examples": 4,
         "eaf_iters": 2,
-        "decomposition_examples": 8,  # the eq. (4) table on every test example (chains of 0-3 steps)
+        "decomposition_examples": 8,  # the eq. (4) table on every test example (chains of 0-2 steps)
         "stability_T": PAPER_T,
         "weight_noise_seeds": 0,
     },
@@ -306,7 +308,7 @@ def check_table1(store, folder: Path, stem: str, metric: str):
 def test_table1_every_cell(store, built):
     for folder in (built.repro, built.report):
         assert check_table1(store, folder, "table1_accuracy", "test_acc")
-        assert check_table1(store, folder, "table1_n5", "test_acc_n5")
+        assert check_table1(store, folder, "table1_n4", "test_acc_n4")
     # +10% / +20% inputs were never evaluated (the task has explicit long sizes): the report leaves
     # their tables out rather than write tables of empty cells
     for stem, metric in (("table1_length", "test_long_acc"), ("table1_length_20", "test_longer_acc")):
@@ -315,7 +317,7 @@ def test_table1_every_cell(store, built):
 
 
 def test_method_tests_every_cell(store, built):
-    """Algorithm 1 minus each method on test_acc and test_acc_n5: the difference of the selected
+    """Algorithm 1 minus each method on test_acc and test_acc_n4: the difference of the selected
     configurations' seed means (points) and scipy's Welch p on the same seeds, read from MLflow."""
     from scipy.stats import ttest_ind
 
@@ -325,12 +327,12 @@ def test_method_tests_every_cell(store, built):
     assert ref is not None
     for folder in (built.repro, built.report):
         caption, header, rows, _ = md(folder / "method_tests.md")
-        assert header == ["Task", "Method", "test_acc Δ", "test_acc p", "test_acc_n5 Δ", "test_acc_n5 p"]
+        assert header == ["Task", "Method", "test_acc Δ", "test_acc p", "test_acc_n4 Δ", "test_acc_n4 p"]
         shown = {r["Method"]: r for r in rows}
         expected = [m for m in methods_in(store) if m != "alg1" and chosen.get(("dijkstra", m))]
         assert list(shown) == [LABELS[m] for m in expected], (folder, list(shown))
         for m in expected:
-            for metric in ("test_acc", "test_acc_n5"):
+            for metric in ("test_acc", "test_acc_n4"):
                 a = [t.metrics[metric] for t in seeds(store, ref, by) if metric in t.metrics]
                 b = [t.metrics[metric] for t in seeds(store, chosen[("dijkstra", m)], by) if metric in t.metrics]
                 cell = shown[LABELS[m]]
@@ -361,6 +363,9 @@ def test_store_holds_what_the_tables_need(store):
             assert t.metrics[f"test_{metric}_at_T"] == pytest.approx(r[k], rel=1e-6, abs=1e-9)
     # something for ddof=1 to differ from ddof=0 on
     assert np.std([row_at(t)["bound"] for t in by_method["sft_cot"]]) > 0
+    # and accuracies that differ, so that reading another column or another statistic shows
+    accs = [t.metrics["test_acc"] for t in finished(store)]
+    assert len(set(accs)) >= 3 and np.std([t.metrics["test_acc"] for t in by_method["sft_cot"]]) > 0, accs
 
 
 def test_table2_every_cell(store, built):
