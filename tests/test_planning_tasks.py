@@ -337,6 +337,21 @@ def test_sat3_assignments_satisfy_and_trace_replays():
         assert holds(clauses, ex.meta["planted"])
 
 
+def test_trivial_rules_score_what_they_say():
+    """The floors, against independent evaluations: sat3's "every variable 1" is right exactly when the
+    formula holds with every variable true; countdown's "the sum of all numbers" exactly when the
+    numbers add up to the target. Both are right on some questions and wrong on others."""
+    for name, right in (
+        ("sat3", lambda q: holds(sat_clauses(q)[1], [1] * sat_clauses(q)[0])),
+        ("countdown", lambda q: sum(question_numbers(q)[0]) == question_numbers(q)[1]),
+    ):
+        task, exs = instances(name, n=400)
+        (rule,) = task.trivial_baselines().values()
+        got = [task.is_correct(ex, rule(ex)) for ex, _ in exs]
+        assert got == [right(ex.question) for ex, _ in exs], name
+        assert 0 < sum(got) < len(got), (name, sum(got))
+
+
 def test_sat3_checker_is_evaluation():
     task, exs = instances("sat3", n=60)
     other = 0
