@@ -161,32 +161,23 @@ def test_tracker_warm_start_and_model_state_restored(setup, monkeypatch):
 
 class _RoundSTE(torch.autograd.Function):  # no setup_context/vmap: must stay outside torch.func
     @staticmethod
-    def forward(ctx, w):
-        return torch.round(w * 256) / 256
+    def forward(ctx, w, levels: int):
+        return torch.round(w * levels) / levels
 
     @staticmethod
     def backward(ctx, g):
-        return g
+        return g, None
 
 
 class _Quant(torch.nn.Module):
+    """Rounding to 1/levels (256: nearly the identity; 8: visibly another function)."""
+
+    def __init__(self, levels: int = 256):
+        super().__init__()
+        self.levels = levels
+
     def forward(self, w):
-        return _RoundSTE.apply(w)
-
-
-class _CoarseSTE(torch.autograd.Function):  # 8 levels per unit of the weight: visibly another function
-    @staticmethod
-    def forward(ctx, w):
-        return torch.round(w * 8) / 8
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class _Coarse(torch.nn.Module):
-    def forward(self, w):
-        return _CoarseSTE.apply(w)
+        return _RoundSTE.apply(w, self.levels)
 
 
 def test_peft_and_parametrized_models(setup):
@@ -218,7 +209,7 @@ def test_peft_and_parametrized_models(setup):
                 m.weight.copy_(torch.round(m.weight * 8) / 8)
     for m in coarse.modules():
         if isinstance(m, torch.nn.Linear) and m is not coarse.get_output_embeddings():
-            parametrize.register_parametrization(m, "weight", _Coarse())
+            parametrize.register_parametrization(m, "weight", _Quant(8))
     res_c = estimate_eaf(coarse, es, iters=20, token_cap=3)
     res_p = estimate_eaf(plain, es, iters=20, token_cap=3)
     full = estimate_eaf(base, es, iters=20, token_cap=3)
