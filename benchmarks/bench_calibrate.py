@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_tracking import trial_config  # noqa: E402
-from common import command, figure, loadavg, median  # noqa: E402
+from common import command, figure, json_out, loadavg, median, positive_int  # noqa: E402
 
 ARMS = {"mix34": [3, 4], "n4": [4]}  # the default's training sizes, and one size (the earlier default)
 
@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny data, 1 epoch, 1 seed")
-    p.add_argument("--json", default=None)
-    p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--json", type=json_out, default=None)
+    p.add_argument("--epochs", type=positive_int, default=12)
+    p.add_argument("--seeds", type=positive_int, default=3)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     epochs, seeds = (1, 1) if args.smoke else (args.epochs, args.seeds)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # keep the table readable
 
-from common import command, figure, median  # noqa: E402
+from common import command, figure, json_out, median, positive_int  # noqa: E402
 
 from stabray.data.cache import load_splits  # noqa: E402
 from stabray.data.splits import draw  # noqa: E402
@@ -90,9 +90,9 @@ def bench_task(name: str, n_train: int, n_eval: int, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="200 train / 20 eval examples, one repeat")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
     p.add_argument("--tasks", nargs="*", default=None, help="tasks to measure (default: all)")
-    p.add_argument("--repeats", type=int, default=None, help="median of this many runs (default 3; smoke 1)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="median of this many runs (default 3; smoke 1)")
     args = p.parse_args(argv)
     n_train, n_eval = (200, 20) if args.smoke else (2000, 200)
     repeats = args.repeats or (1 if args.smoke else 3)

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import command, figure, loadavg, median  # noqa: E402
+from common import command, figure, json_out, loadavg, median, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_SETS = [
@@ -126,9 +126,9 @@ def scores(spec_name: str, sets: list[str], tmp: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny model and data, 2 trials, 1 run")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=json_out, default=None)
     p.add_argument("--spec", default="dijkstra")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     args = p.parse_args(argv)
     sets, repeats = (SMOKE_SETS, 1) if args.smoke else ([], args.repeats)
     cmd = command(__file__, argv)

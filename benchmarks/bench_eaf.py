@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import command, figure, load  # noqa: E402
+from common import command, figure, json_out, load, positive_int  # noqa: E402
 
 from stabray.data.encode import Encoder  # noqa: E402
 from stabray.data.splits import make_splits  # noqa: E402
@@ -51,12 +51,14 @@ def timed(f):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="1 example, 2 iterations, 1 round: checks it runs")
-    ap.add_argument("--json", help="write the measurements here")
-    ap.add_argument("--n", type=int, default=2, help="examples, the same on both sides")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warm-iters", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: 2+ threads spin-wait when loaded)")
+    ap.add_argument("--json", type=json_out, help="write the measurements here")
+    ap.add_argument("--n", type=positive_int, default=2, help="examples, the same on both sides")
+    ap.add_argument("--iters", type=positive_int, default=10)
+    ap.add_argument("--warm-iters", type=positive_int, default=3)
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument(
+        "--threads", type=positive_int, default=1, help="torch threads (1: 2+ threads spin-wait when loaded)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     n, iters, repeats, nodes = (1, 2, 1, 8) if args.smoke else (args.n, args.iters, args.repeats, 12)

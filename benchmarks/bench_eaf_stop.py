@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_sweep import SMOKE_OVERRIDES, load, private_ray, warm_cache  # noqa: E402
-from common import command, figure  # noqa: E402
+from common import command, figure, json_out, positive_int  # noqa: E402
 
 EAF_STOP = {"factor": 3.0, "top_fraction": 0.25, "grace": 2, "min_trials": 3}  # the spec defaults
 
@@ -93,11 +93,11 @@ def mean_std(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny model/data, 3 trials of 2 epochs, one seed")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
     p.add_argument("--spec", default="dijkstra")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--num-samples", type=int, default=6)
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--num-samples", type=positive_int, default=6)
+    p.add_argument("--epochs", type=positive_int, default=6)
     args = p.parse_args(argv)
     seeds, n, epochs = ([0], 3, 2) if args.smoke else (args.seeds, args.num_samples, args.epochs)
     base = {

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from common import command, figure  # noqa: E402
+from common import command, figure, json_out, positive_int  # noqa: E402
 
 import stabray.train.loop as loop  # noqa: E402
 from stabray.config import TrainCfg  # noqa: E402
@@ -85,9 +85,9 @@ def one_epoch(exs, enc, tok, grouped: bool) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="64 examples, 1 round: checks it runs")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--examples", type=int, default=480, help="examples per epoch (30 batches of 16)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (after one warm-up)")
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
+    p.add_argument("--examples", type=positive_int, default=480, help="examples per epoch (30 batches of 16)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds (after one warm-up)")
     args = p.parse_args(argv)
     n, repeats = (64, 1) if args.smoke else (args.examples, args.repeats)
     torch.set_num_threads(1)

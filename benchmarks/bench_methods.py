@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import command, figure  # noqa: E402
+from common import command, figure, json_out, positive_int  # noqa: E402
 
 from stabray.data.encode import Encoder, collate  # noqa: E402
 from stabray.data.splits import make_splits  # noqa: E402
@@ -89,10 +89,10 @@ def build(label, tok, encoder, examples, preset):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny model, 4 examples, 2 rounds: checks it runs")
-    ap.add_argument("--json", help="write the measurements here")
-    ap.add_argument("--rounds", type=int, default=6, help="timed steps per variant (median taken)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--json", type=json_out, help="write the measurements here")
+    ap.add_argument("--rounds", type=positive_int, default=6, help="timed steps per variant (median taken)")
+    ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--batch", type=positive_int, default=32)
     ap.add_argument("--only", nargs="+", choices=list(VARIANTS), help="measure these variants (and sft_cot) only")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import command, figure, loadavg, median  # noqa: E402
+from common import command, figure, json_out, loadavg, median, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_SETS = [
@@ -72,9 +72,9 @@ def run_arm(arm: str, sets: list[str], tmp: Path, cache: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny model and data, 2 methods, 1 repeat")
-    p.add_argument("--json", default=None)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--json", type=json_out, default=None)
+    p.add_argument("--repeats", type=positive_int, default=2)
+    p.add_argument("--epochs", type=positive_int, default=2)
     args = p.parse_args(argv)
     if args.smoke:
         sets = [*SMOKE_SETS, "train.epochs=1", "methods=[sft_cot, no_cot]"]

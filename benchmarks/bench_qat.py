@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from bench_train import CLIP, LR, WD, setup  # noqa: E402
-from common import command, figure  # noqa: E402
+from common import command, figure, json_out, positive_int  # noqa: E402
 
+from stabray.config import PRESETS  # noqa: E402
 from stabray.data.encode import collate  # noqa: E402
 from stabray.methods import get_method  # noqa: E402
 
@@ -79,14 +80,16 @@ def profile(setup_, batch, bits: int, rows: int = 15) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="2 steps, 1 round: checks it runs")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--steps", type=int, default=20, help="steps per measurement")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (after one warm-up)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--preset", default="mini")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
+    p.add_argument("--steps", type=positive_int, default=20, help="steps per measurement")
+    p.add_argument("--repeats", type=positive_int, default=5, help="interleaved rounds (after one warm-up)")
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="mini")
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--quantizer", choices=["lsq", "fixed"], default="lsq", help="alg1's quantizer (default lsq)")
-    p.add_argument("--profile", type=int, default=None, metavar="BITS", help="print a profile at this bit-width")
+    p.add_argument(
+        "--profile", type=int, choices=BITS, default=None, metavar="BITS", help=f"print a profile at one of {BITS} bits"
+    )
     args = p.parse_args(argv)
     steps, repeats = (2, 1) if args.smoke else (args.steps, args.repeats)
     torch.set_num_threads(args.threads)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_sweep import SMOKE_OVERRIDES, load, private_ray, warm_cache  # noqa: E402
-from common import command, figure, loadavg  # noqa: E402
+from common import command, figure, json_out, loadavg, positive_int  # noqa: E402
 
 
 def expected_epochs(epochs: int, grace: int, rf: int = 2) -> float:
@@ -130,12 +130,12 @@ def run_arm(spec, path, tmp: Path, tag: str, budget: int, smoke: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny model/data, 2 epochs, budget 4 trial-epochs, 1 round")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
     p.add_argument("--spec", default="dijkstra")
-    p.add_argument("--epochs", type=int, default=4, help="max epochs per trial (ASHA's max_t)")
-    p.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
-    p.add_argument("--budget", type=int, default=16, help="trial-epochs per arm (a multiple of --epochs)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds, seeds 0, 1, ...")
+    p.add_argument("--epochs", type=positive_int, default=4, help="max epochs per trial (ASHA's max_t)")
+    p.add_argument("--grace", type=positive_int, default=1, help="ASHA grace period (epochs)")
+    p.add_argument("--budget", type=positive_int, default=16, help="trial-epochs per arm (a multiple of --epochs)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="rounds, seeds 0, 1, ...")
     args = p.parse_args(argv)
     epochs, grace, budget, repeats = (
         (2, 1, 4, 1) if args.smoke else (args.epochs, args.grace, args.budget, args.repeats)

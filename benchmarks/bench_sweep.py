@@ -58,7 +58,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
-from common import command, figure, loadavg, median  # noqa: E402
+from common import command, figure, json_out, loadavg, median, positive_int  # noqa: E402
 
 TARGET = "<= 10"  # % : sweep wall / pool wall - 1
 EPOCH_RESULT = {
@@ -497,14 +497,16 @@ def profile(args, tmp: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny trials (~3 s), 4 of them; 4 logged results")
-    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
     p.add_argument("--spec", default="dijkstra", help="the sweep spec (default: the laptop sweep)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per trial")
-    p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--workers", type=int, default=2, help="pool processes = the sweep's max_concurrent")
-    p.add_argument("--repeats", type=int, default=5, help="rounds of (cold sweep, warm sweep, pool), order rotating")
+    p.add_argument("--epochs", type=positive_int, default=3, help="epochs per trial")
+    p.add_argument("--trials", type=positive_int, default=8)
+    p.add_argument("--workers", type=positive_int, default=2, help="pool processes = the sweep's max_concurrent")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="rounds of (cold sweep, warm sweep, pool), order rotating"
+    )
     p.add_argument("--no-floor", action="store_true", help="skip the sweep on a pre-started Ray")
-    p.add_argument("--mlflow-results", type=int, default=40, help="results logged per MLflow variant")
+    p.add_argument("--mlflow-results", type=positive_int, default=40, help="results logged per MLflow variant")
     p.add_argument("--skip-sweep", action="store_true", help="only the MLflow logging cost")
     p.add_argument(
         "--profile",

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import command, figure, load  # noqa: E402
+from common import command, figure, json_out, load, positive_int  # noqa: E402
 
 TASKS = ["dijkstra", "bellman_ford", "mst_prim", "bfs", "dfs", "lego_cyclic", "lego_symmetry"]
 TARGET = "<= 15"
@@ -128,15 +128,15 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny data and model, 1 window, two tasks")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=json_out, default=None)
     p.add_argument("--tasks", nargs="*", default=TASKS)
-    p.add_argument("--windows", type=int, default=3, help="measured windows of eval.eaf_every epochs per task")
+    p.add_argument("--windows", type=positive_int, default=3, help="measured windows of eval.eaf_every epochs per task")
     p.add_argument("--seeds-check", nargs="*", default=["dfs"], help="specs whose EAF is checked against seed spread")
-    p.add_argument("--check-epochs", type=int, default=3)
+    p.add_argument("--check-epochs", type=positive_int, default=3)
     p.add_argument(
         "--set", action="append", default=[], metavar="K=V", help="override a spec field (e.g. eval.eaf_every=3)"
     )
-    p.add_argument("--check-seeds", type=int, default=3)
+    p.add_argument("--check-seeds", type=positive_int, default=3)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     over: dict = {k: json.loads(v) if v[:1] in "0123456789[{-tf" else v for k, v in (x.split("=", 1) for x in args.set)}

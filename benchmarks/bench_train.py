@@ -34,9 +34,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
-from common import command, figure  # noqa: E402
+from common import command, figure, json_out, positive_int  # noqa: E402
 
-from stabray.config import TrainCfg  # noqa: E402
+from stabray.config import PRESETS, TrainCfg  # noqa: E402
 from stabray.data.encode import Encoder, collate  # noqa: E402
 from stabray.data.splits import draw  # noqa: E402
 from stabray.data.tokenizer import build_tokenizer  # noqa: E402
@@ -172,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="5 steps, 1 round: checks it runs")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--steps", type=int, default=40, help="optimisation steps per run")
-    p.add_argument("--batch-size", type=int, default=16, help="the default sweep's batch")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (after one warm-up)")
-    p.add_argument("--preset", default="mini", help="embedded model shape (mini: the default sweep's)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=json_out, default=None, help="write the results here")
+    p.add_argument("--steps", type=positive_int, default=40, help="optimisation steps per run")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="the default sweep's batch")
+    p.add_argument("--repeats", type=positive_int, default=5, help="interleaved rounds (after one warm-up)")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="mini", help="embedded model shape (mini: the default sweep's)"
+    )
+    p.add_argument("--threads", type=positive_int, default=1)
     args = p.parse_args(argv)
     steps, repeats = (5, 1) if args.smoke else (args.steps, args.repeats)
     torch.set_num_threads(args.threads)

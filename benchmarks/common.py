@@ -21,6 +21,7 @@ A figure is one number of the README's Performance table:
 
 from __future__ import annotations
 
+import argparse
 import operator
 import os
 import shlex
@@ -138,3 +139,25 @@ def check_figure(f: dict[str, Any]) -> list[str]:
 
 
 loadavg = load  # for scripts where `load` names something else
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (a count of steps, repeats, threads, examples, epochs)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def json_out(text: str) -> str:
+    """argparse type of `--json`: a file whose folder exists, checked before anything is measured (a
+    measurement that took minutes is not lost to a typo in the path written last)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {path.absolute().parent} does not exist")
+    return text

@@ -97,10 +97,26 @@ def main(argv: list[str] | None = None) -> int:
         help="a full run's summary.json: write it to --out with the re-run benchmarks' rows and figures replaced",
     )
     args = p.parse_args(argv)
+    if args.only is not None and not args.only:
+        p.error("--only: name at least one benchmark (without --only every one runs)")
     if args.update and not args.only:
         p.error("--update re-runs some benchmarks into an earlier summary: name them with --only")
+    if args.update and not args.out:
+        p.error("--update writes the merged summary into --out: give a folder (a temporary one would be deleted)")
     if args.update and not Path(args.update).is_file():
         p.error(f"--update: no summary at {args.update}")
+    earlier = None
+    if args.update:  # read before anything runs: a summary that cannot be merged is found now
+        try:
+            earlier = json.loads(Path(args.update).read_text())
+        except ValueError as e:
+            p.error(f"--update {args.update}: not a JSON summary ({e})")
+        if not isinstance(earlier, dict) or not isinstance(earlier.get("benchmarks"), list):
+            p.error(f"--update {args.update}: not a run_all.py summary (no 'benchmarks' list)")
+        if bool(earlier.get("smoke")) != args.smoke:
+            p.error(f"--update {args.update}: cannot mix a smoke run with a full one")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out}: a file, not a folder")
     names = available()
     if args.only:
         unknown = [n for n in args.only if n not in names]
@@ -142,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         write_summary(out, args.smoke, run_t0, run_load0, rows, figures)  # after each: a cut-short run keeps its part
     summary = write_summary(out, args.smoke, run_t0, run_load0, rows, figures)
     if args.update:
-        summary = merge(json.loads(Path(args.update).read_text()), summary)
+        summary = merge(earlier, summary)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         print(f"updated {args.update} -> {out / 'summary.json'}: re-ran {', '.join(r['benchmark'] for r in rows)}")
     print(

@@ -42,14 +42,30 @@ def ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
+def read_config(config: Path) -> dict:
+    """The autoscaler config, or SystemExit naming what is wrong with the file."""
+    try:
+        cfg = yaml.safe_load(config.read_text())
+    except OSError as e:
+        raise SystemExit(f"--config {config}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except yaml.YAMLError as e:
+        raise SystemExit(f"--config {config}: not valid YAML ({str(e).splitlines()[0]})") from None
+    need = ("provider", "available_node_types", "head_node_type")
+    if not isinstance(cfg, dict) or any(k not in cfg for k in need):
+        raise SystemExit(f"--config {config}: not a Ray autoscaler config (needs {', '.join(need)})")
+    return cfg
+
+
 def start(port: int = 6379, temp_dir: str = DEFAULT_TEMP, config: Path = CONFIG, timeout_s: float = 300) -> str:
     """Start the head (which starts the autoscaler); returns the address to join. The config's
     `gcs_address` is rewritten to `port` in a copy kept in the temp dir."""
     tmp = Path(temp_dir)
     if (tmp / "pgid").exists():
         raise SystemExit(f"a fake cluster already runs from {tmp} (stop it first: fake_cluster.py stop)")
+    if tmp.exists() and not tmp.is_dir():
+        raise SystemExit(f"--temp-dir {tmp}: a file, not a directory")
+    cfg = read_config(Path(config))  # before anything is created
     tmp.mkdir(parents=True, exist_ok=True)
-    cfg = yaml.safe_load(Path(config).read_text())
     cfg["provider"]["gcs_address"] = f"127.0.0.1:{port}"
     cfg_file = tmp / "cluster.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
@@ -87,9 +103,12 @@ def start(port: int = 6379, temp_dir: str = DEFAULT_TEMP, config: Path = CONFIG,
 
 def status(address: str, timeout_s: float = 120) -> str:
     """`ray status` of the cluster (its "Active:" lines list the nodes by type)."""
-    res = subprocess.run(
-        [ray_bin(), "status", "--address", address], env=ray_env(), capture_output=True, text=True, timeout=timeout_s
-    )
+    try:
+        res = subprocess.run(
+            [ray_bin(), "status", "--address", address], env=ray_env(), capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"no answer from a Ray cluster at {address} within {timeout_s:.0f} s (is one started?)") from None
     return res.stdout if res.returncode == 0 else res.stdout + res.stderr
 
 
@@ -126,8 +145,13 @@ def processes(temp_dir: str = DEFAULT_TEMP) -> list[int]:
 
 
 def stop(temp_dir: str = DEFAULT_TEMP, grace_s: float = 15) -> None:
-    """SIGTERM to the cluster's process group, SIGKILL to what is left after `grace_s`, then its temp dir."""
+    """SIGTERM to the cluster's process group, SIGKILL to what is left after `grace_s`, then its temp dir.
+    A folder that holds no cluster (no `pgid` file written by `start`) is left alone: SystemExit."""
     tmp = Path(temp_dir)
+    if not tmp.exists():
+        raise SystemExit(f"--temp-dir {tmp}: no such folder; no fake cluster to stop")
+    if not (tmp / "pgid").is_file():
+        raise SystemExit(f"--temp-dir {tmp}: not a fake cluster's folder (no pgid file); nothing stopped or removed")
     try:
         pgid = int((tmp / "pgid").read_text())
     except (OSError, ValueError):
