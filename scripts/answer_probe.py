@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+
+from stabray.errors import UserError
 
 
 def entries(final: str) -> list[tuple[str, str]]:
@@ -53,11 +56,13 @@ def first_difference(gold: list[tuple[str, str]], have: list[tuple[str, str]]) -
 
 
 def load(model_dir: Path):
-    from stabray.train.run import CONFIG, TrialRun
+    """The saved model (stabray.train.load_run: a directory written by `calibrate.py --save` or a
+    trial checkpoint, every file checked before use), refused unless it answers a LEGO task."""
+    from stabray.train import load_run
 
-    cfg = json.loads((model_dir / CONFIG).read_text())
-    run = TrialRun(cfg, tokenizer_dir=model_dir / "tokenizer")
-    run.load(model_dir)
+    run = load_run(model_dir)
+    if not run.task.name.startswith("lego"):
+        raise SystemExit(f"{model_dir}: a {run.task.name} model; the probe reads LEGO named final states")
     return run
 
 
@@ -222,6 +227,24 @@ def main() -> None:
         help="read every example at evaluation stride K (model.positions: random) instead of the model's own choice",
     )
     args = ap.parse_args()
+    if args.stride < 0:
+        ap.error(f"--stride {args.stride}: a stride >= 1 (or 0: the model's own choice)")
+    if args.out:
+        from stabray.errors import unwritable
+
+        out = Path(args.out)
+        if out.is_dir() or not out.absolute().parent.is_dir():
+            ap.error(f"--out {out}: expected a file in an existing folder (lines are appended to it)")
+        if (why := unwritable(out.absolute().parent)) is not None:
+            ap.error(f"--out {out}: {why}")
+    try:
+        probe_models(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def probe_models(args) -> None:
     import torch
 
     torch.set_num_threads(1)

@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import math
+import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -195,14 +196,25 @@ def fitted_strides(run, span: int, strides: list[int]) -> tuple[dict[str, list[i
 PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 
 
+def full_name(name: str, profiles: dict) -> str:
+    """The profile `name` names: itself, or the one profile whose name starts with `name` + "_" (the
+    short names the docs use, `l89` for l89_cyc_...). Rows always carry the full name."""
+    entries = profiles["profiles"]
+    if name in entries:
+        return name
+    matches = [e for e in entries if e.startswith(name + "_")]
+    return matches[0] if len(matches) == 1 else name
+
+
 def profile_config(name: str, profiles: dict) -> dict:
     """A profile's trial config: its parent's (or the base) with its `set` fields replaced."""
     from stabray.config import set_path
-    from stabray.errors import UserError
+    from stabray.errors import UserError, did_you_mean
 
     entries = profiles["profiles"]
     if name not in entries:
-        raise UserError(f"no calibration profile {name!r}; known: {', '.join(entries)}")
+        hint = did_you_mean(name, entries, before="; ") or f" ({len(entries)} profiles in {PROFILES.name})"
+        raise UserError(f"no calibration profile {name!r}{hint}")
     entry = entries[name] or {}
     if entry.get("not_shipped"):
         raise UserError(f"profile {name!r} needs a prototype option that is not shipped: {entry['not_shipped']}")
@@ -218,11 +230,14 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
     another stride; then the mean and sample standard deviation over the rows."""
     import statistics
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, when imported
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, also when imported
+    from calibration_table import read_rows  # noqa: E402
+
     from stabray.models.positions import RandomPositions
     from stabray.train.run import TrialRun
 
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["profile"] == label and r.get("eval_strides")]
+    rows = [r for r in read_rows([str(path)], need=("profile",)) if r["profile"] == label and r.get("eval_strides")]
     if not rows:
         raise SystemExit(f"{path}: no row named {label!r} with per-stride results (--eval-strides)")
     per_split: dict[str, list[float]] = {}
@@ -253,6 +268,52 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
 
 
 def main() -> None:
+    """The command; an input error (UserError: an unknown profile, a bad --set) is one line, exit 2."""
+    from stabray.errors import UserError
+
+    try:
+        run_main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[tuple[str, str]]]:
+    """Everything about the command line that can be wrong, before any data or model is built (a run
+    trains for up to two hours; its row is written at the end): the --eval-strides list, the --set
+    items, and the places --out and --save write to. Returns (strides, [(key, yaml value)])."""
+    from stabray.errors import unwritable
+
+    strides = []
+    for k in filter(None, args.eval_strides.split(",")):
+        if not k.strip().isdigit() or int(k) < 1:
+            ap.error(f"--eval-strides {args.eval_strides}: expected strides >= 1 separated by commas, got {k!r}")
+        strides.append(int(k))
+    sets = []
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            ap.error(f"--set {item!r}: expected KEY=VALUE (e.g. train.epochs=80)")
+        sets.append((key.strip(), value))
+    out = Path(args.out)
+    if not args.rescore:
+        if out.is_dir():
+            ap.error(f"--out {out}: a folder; give a JSON-lines file (rows are appended to it)")
+        if not out.absolute().parent.is_dir():
+            ap.error(f"--out {out}: the folder {out.absolute().parent} does not exist")
+        if (why := unwritable(out.absolute().parent)) is not None:
+            ap.error(f"--out {out}: {why}")
+    if args.save:
+        if Path(args.save).is_file():
+            ap.error(f"--save {args.save}: a file is there; give a folder")
+        if (why := unwritable(Path(args.save))) is not None:
+            ap.error(f"--save {args.save}: {why}")
+    if args.track_every < 0:
+        ap.error(f"--track-every must be >= 0 (0 = off), got {args.track_every}")
+    return strides, sets
+
+
+def run_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="a profile of scripts/calibration_profiles.yaml")
     ap.add_argument("--seed", type=int, default=0)
@@ -293,15 +354,7 @@ def main() -> None:
         "training it again (scripts/answer_probe.py)",
     )
     args = ap.parse_args()
-    if args.save:
-        from stabray.errors import unwritable
-
-        if Path(args.save).is_file():
-            raise SystemExit(f"--save {args.save}: a file is there; give a folder")
-        if (why := unwritable(Path(args.save))) is not None:  # refused before training, not after
-            raise SystemExit(f"--save {args.save}: {why}")
-    if args.track_every < 0:
-        raise SystemExit(f"--track-every must be >= 0 (0 = off), got {args.track_every}")
+    strides, sets = check_args(ap, args)
 
     import torch
 
@@ -311,10 +364,14 @@ def main() -> None:
     from stabray.train.run import TrialRun
 
     torch.set_num_threads(1)
-    cfg = profile_config(args.profile, yaml.safe_load(PROFILES.read_text()))
-    for item in args.set:
-        k, v = item.split("=", 1)
-        set_path(cfg, k, yaml.safe_load(v))
+    profiles = yaml.safe_load(PROFILES.read_text())
+    args.profile = full_name(args.profile, profiles)
+    cfg = profile_config(args.profile, profiles)
+    for k, v in sets:
+        try:
+            set_path(cfg, k, yaml.safe_load(v))
+        except yaml.YAMLError as e:
+            ap.error(f"--set {k}={v}: not a YAML value ({str(e).splitlines()[0]})")
     cfg["seed"] = args.seed
     cfg["cache_dir"] = args.cache_dir
     if args.eval_strides and cfg.get("model", {}).get("positions") != "random":  # checked before training
@@ -368,7 +425,7 @@ def main() -> None:
         kept = mods[0].eval_stride
         lengths = {s: sequence_lengths(run, s) for s in final}  # the same at every stride
         preds: dict[int, dict[str, list[str]]] = {}
-        for k in (int(x) for x in args.eval_strides.split(",")):
+        for k in strides:
             for m in mods:
                 m.eval_stride = k
             preds[k] = {s: run.evaluate(s).predictions for s in final}
@@ -383,7 +440,7 @@ def main() -> None:
                     f"(rule {r['rule_beyond_span']:.3f})",
                     flush=True,
                 )
-        ks = sorted(int(x) for x in args.eval_strides.split(","))
+        ks = sorted(strides)
         chosen, ratio = fitted_strides(run, mods[0].span, ks)
         fitted = {}
         for s, picks in chosen.items():

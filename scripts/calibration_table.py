@@ -79,9 +79,27 @@ def main() -> None:
     print(f"{args.readme}: calibration table rewritten ({out.count(chr(10))} lines)", file=sys.stderr)
 
 
-def read_rows(files: list[str]) -> list[dict]:
-    """Every calibration row in `files` (JSON lines), in order."""
-    return [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
+def read_rows(files: list[str], need: tuple[str, ...] = ("profile", "seed", "splits")) -> list[dict]:
+    """Every calibration row in `files` (JSON lines), in order. A file that cannot be read, a line that
+    is not a JSON object and a row without the keys `need` are SystemExit naming the file and line."""
+    rows = []
+    for f in files:
+        try:
+            text = Path(f).read_text()
+        except OSError as e:
+            raise SystemExit(f"{f}: cannot read it ({e.strerror or type(e).__name__})") from None
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise SystemExit(f"{f}, line {n}: not valid JSON ({e})") from None
+            if not isinstance(row, dict) or (missing := [k for k in need if k not in row]):
+                what = f"no {', '.join(missing)}" if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+                raise SystemExit(f"{f}, line {n}: not a calibration row ({what})")
+            rows.append(row)
+    return rows
 
 
 def table(files: list[str]) -> str:
@@ -160,6 +178,11 @@ def compare(files: list[str], a: str, b: str) -> str:
     rows = read_rows(files)
     ra, rb = _profile_rows(rows, a), _profile_rows(rows, b)
     name_a, name_b = next(iter(ra.values()))["profile"], next(iter(rb.values()))["profile"]
+    if name_a == name_b:
+        raise SystemExit(f"--compare: {a!r} and {b!r} name the same profile ({name_a}); compare two")
+    task_a, task_b = next(iter(ra.values())).get("task"), next(iter(rb.values())).get("task")
+    if task_a != task_b:
+        raise SystemExit(f"--compare: {name_a} ({task_a}) and {name_b} ({task_b}) are different tasks")
     out = [f"A = {name_a} (seeds {sorted(ra)})", f"B = {name_b} (seeds {sorted(rb)})"]
     pa, pb = kernel_paths(ra), kernel_paths(rb)
     if pa != pb or len(pa) > 1:  # one path on both sides is the only like-for-like case

@@ -16,7 +16,7 @@ on every later row (where it was tested).
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 from scipy.stats import fisher_exact
@@ -84,9 +84,25 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.5)
     ap.add_argument("--chosen-on", default="165-180", help="rows the threshold was read on (A-B)")
     args = ap.parse_args()
-    lo, hi = (int(x) for x in args.chosen_on.split("-"))
-    lines = Path(args.results).read_text().splitlines()
-    rows = [(i, json.loads(line)) for i, line in enumerate(lines, 1) if line.strip()]
+    try:
+        lo, hi = (int(x) for x in args.chosen_on.split("-"))
+    except ValueError:
+        ap.error(f"--chosen-on {args.chosen_on!r}: expected two row numbers A-B (e.g. 165-180)")
+    if not 1 <= lo <= hi:
+        ap.error(f"--chosen-on {args.chosen_on}: expected rows A-B with 1 <= A <= B")
+    if not 0 <= args.threshold <= 1:  # a share of chains (NaN fails this too)
+        ap.error(f"--threshold {args.threshold}: a share of chains, between 0 and 1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, when imported
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, also when imported
+    from calibration_table import read_rows  # noqa: E402
+
+    rows = list(enumerate(read_rows([args.results], need=("profile", "seed")), 1))
+    tracked = sorted(  # the epochs whose test-split departures were counted (calibrate.py --track-every)
+        {int(e["epoch"]) for _, r in rows if eligible(r) for e in r.get("epochs", []) if "track_departure" in e}
+    )
+    if args.epoch not in tracked:
+        have = ", ".join(map(str, tracked)) or "none"
+        ap.error(f"--epoch {args.epoch}: no run's test departures were counted then (tracked epochs: {have})")
     items = table(rows, args.epoch, args.threshold)
     print(f"delta_op runs at init std 0.1 tracked at epoch {args.epoch}; rule: share off at the variable >= "
           f"{args.threshold:g} -> never fits (val_acc >= {FIT} in no epoch)")  # fmt: skip

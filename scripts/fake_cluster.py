@@ -104,11 +104,10 @@ def start(port: int = 6379, temp_dir: str = DEFAULT_TEMP, config: Path = CONFIG,
 def status(address: str, timeout_s: float = 120) -> str:
     """`ray status` of the cluster (its "Active:" lines list the nodes by type)."""
     try:
-        res = subprocess.run(
-            [ray_bin(), "status", "--address", address], env=ray_env(), capture_output=True, text=True, timeout=timeout_s
-        )
+        cmd = [ray_bin(), "status", "--address", address]
+        res = subprocess.run(cmd, env=ray_env(), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"no answer from a Ray cluster at {address} within {timeout_s:.0f} s (is one started?)") from None
+        raise SystemExit(f"no answer from a Ray cluster at {address} within {timeout_s:.0f} s (started?)") from None
     return res.stdout if res.returncode == 0 else res.stdout + res.stderr
 
 

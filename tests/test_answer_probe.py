@@ -118,5 +118,6 @@ def test_calibrate_save_refuses_a_file_before_training(tmp_path, monkeypatch, ca
         str(tmp_path / "f"),
     ]
     monkeypatch.setattr("sys.argv", argv)
-    with pytest.raises(SystemExit, match="a file is there"):
+    with pytest.raises(SystemExit) as stop:
         calibrate.main()
+    assert stop.value.code == 2 and "--save " + str(tmp_path / "f") + ": a file is there" in capsys.readouterr().err

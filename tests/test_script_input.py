@@ -1,0 +1,141 @@
+"""Bad input to the researcher-facing scripts (scripts/, benchmarks/): refused with one line naming the
+problem, before anything long runs, and nothing already there is lost. Each refusal beside a control
+that goes through."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_benchmarks_smoke import load as load_bench
+from test_sizes import load_calibrate
+
+ROOT = Path(__file__).resolve().parent.parent
+L89 = "l89_cyc_mix25w1113_deltaop_randpos192_h128_l3_e160_lr1e3_wd1e1"
+
+
+def test_fake_cluster_stop_leaves_a_folder_without_a_cluster_alone(tmp_path):
+    fc = load_calibrate("fake_cluster")
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not a fake cluster's folder"):
+        fc.stop(str(tmp_path))
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+    with pytest.raises(SystemExit, match="no such folder"):
+        fc.stop(str(tmp_path / "none"))
+    (tmp_path / "pgid").write_text("999999999")  # a cluster's folder whose processes are gone: removed
+    fc.stop(str(tmp_path), grace_s=0)
+    assert not tmp_path.exists()
+
+
+def test_fake_cluster_start_reads_its_config_before_creating_anything(tmp_path):
+    fc = load_calibrate("fake_cluster")
+    for text, why in (("a: [", "not valid YAML"), ("a: 1\n", "not a Ray autoscaler config")):
+        (tmp_path / "c.yaml").write_text(text)
+        with pytest.raises(SystemExit, match=why):
+            fc.start(temp_dir=str(tmp_path / "t"), config=tmp_path / "c.yaml")
+        assert not (tmp_path / "t").exists()
+    assert set(fc.read_config(ROOT / "cluster.local.yaml")) >= {"provider", "head_node_type"}  # the shipped one
+
+
+def test_run_all_update_needs_an_out_folder_and_a_summary(tmp_path, capsys):
+    run_all = load_bench("run_all")
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"smoke": True, "benchmarks": [], "figures": []}))
+    cases = [
+        (["--only"], "--only: name at least one benchmark"),
+        (["--smoke", "--only", "qat", "--update", str(summary)], "--update writes the merged summary into --out"),
+        (["--smoke", "--only", "qat", "--update", str(ROOT / "README.md"), "--out", str(tmp_path)], "not a JSON"),
+        (["--only", "qat", "--update", str(summary), "--out", str(tmp_path / "o")], "cannot mix a smoke run"),
+    ]
+    for argv, why in cases:
+        with pytest.raises(SystemExit) as stop:
+            run_all.main(argv)
+        assert stop.value.code == 2 and why in capsys.readouterr().err, argv
+    assert not (tmp_path / "o").exists() and not (tmp_path / "qat.json").exists()  # nothing ran
+
+
+def test_benchmark_arguments_are_checked_before_measuring(tmp_path):
+    import argparse
+
+    common = load_bench("common")
+    assert common.positive_int("3") == 3
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            common.positive_int(bad)
+    assert common.json_out(str(tmp_path / "q.json")) == str(tmp_path / "q.json")
+    for bad in (str(tmp_path), str(tmp_path / "none" / "q.json")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            common.json_out(bad)
+
+
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["l89_cyc_mix25w1113_deltaop_randpos", "--out", "{t}/r.jsonl"], "did you mean"),
+        ([L89, "--out", "{t}/none/r.jsonl"], "--out {t}/none/r.jsonl: the folder"),
+        ([L89, "--out", "{t}"], "a folder; give a JSON-lines file"),
+        ([L89, "--out", "{t}/r.jsonl", "--eval-strides", "2,0"], "expected strides >= 1"),
+        ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs"], "expected KEY=VALUE"),
+        ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs=[1"], "not a YAML value"),
+        (["l89", "--out", "{t}/r.jsonl", "--set", "train.epoch=3"], "train.epoch: unknown key"),
+    ],
+)
+def test_calibrate_refuses_before_training(tmp_path, monkeypatch, capsys, argv, why):
+    """One line, exit 2, no model built (an hour of training would end in the error otherwise)."""
+    calibrate = load_calibrate("calibrate")
+    monkeypatch.setattr("stabray.train.run.TrialRun.epoch", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr("sys.argv", ["calibrate.py", *(a.format(t=tmp_path) for a in argv)])
+    with pytest.raises(SystemExit) as stop:
+        calibrate.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and why.format(t=tmp_path) in err and "Traceback" not in err, err
+
+
+def test_calibrate_takes_a_short_profile_name_and_records_the_full_one():
+    import yaml
+
+    calibrate = load_calibrate("calibrate")
+    profiles = yaml.safe_load((ROOT / "scripts" / "calibration_profiles.yaml").read_text())
+    assert calibrate.full_name("l89", profiles) == L89 and calibrate.full_name(L89, profiles) == L89
+    assert calibrate.full_name("l8", profiles) == "l8"  # no profile l8_...: left to the unknown-name error
+
+
+def test_calibration_rows_are_read_with_the_file_and_line_named(tmp_path):
+    table = load_calibrate("calibration_table")
+    f = tmp_path / "rows.jsonl"
+    f.write_text('{"profile": "a", "seed": 0, "splits": {}}\n\n{"profile": "a"\n')
+    with pytest.raises(SystemExit, match=r"rows.jsonl, line 3: not valid JSON"):
+        table.read_rows([str(f)])
+    f.write_text('{"profile": "a", "seed": 0}\n')
+    with pytest.raises(SystemExit, match=r"line 1: not a calibration row \(no splits\)"):
+        table.read_rows([str(f)])
+    with pytest.raises(SystemExit, match="cannot read it"):
+        table.read_rows([str(tmp_path / "none.jsonl")])
+    assert len(table.read_rows([str(ROOT / "scripts" / "calibration_results.jsonl")])) >= 192
+
+
+def test_calibration_compare_refuses_unlike_sides():
+    table = load_calibrate("calibration_table")
+    results = [str(ROOT / "scripts" / "calibration_results.jsonl")]
+    with pytest.raises(SystemExit, match=r"\(lego_cyclic\) and L28.* \(dijkstra\) are different tasks"):
+        table.compare(results, "l89", "L28")
+    with pytest.raises(SystemExit, match="name the same profile"):
+        table.compare(results, "L28", "L28")
+    assert "A - B" in table.compare(results, "l89", "l99")
+
+
+def test_early_sign_names_the_tracked_epochs(monkeypatch, capsys):
+    sign = load_calibrate("early_sign")
+    for argv, why in (
+        (["--epoch", "7"], "tracked epochs: 40, 80, 120, 160"),
+        (["--threshold", "nan"], "between 0 and 1"),
+        (["--chosen-on", "180-165"], "1 <= A <= B"),
+    ):
+        monkeypatch.setattr("sys.argv", ["early_sign.py", *argv])
+        with pytest.raises(SystemExit) as stop:
+            sign.main()
+        assert stop.value.code == 2 and why in capsys.readouterr().err, argv
+    monkeypatch.setattr("sys.argv", ["early_sign.py"])
+    sign.main()
+    assert "rows 165-180 (the threshold was read on these): 16 runs" in capsys.readouterr().out
