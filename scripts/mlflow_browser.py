@@ -103,12 +103,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="mlflow-shots", help="folder for the PNGs and HTML (default mlflow-shots)")
     p.add_argument("--port", type=int, default=None)
     args = p.parse_args(argv)
+    if args.port is not None and not 1 <= args.port <= 65535:
+        p.error(f"--port {args.port}: a port is 1-65535")
+    if chromium() is None:  # before the UI starts
+        p.error("chromium is not installed (bash scripts/install_browser.sh)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: a file, not a folder")
     from mlflow import MlflowClient
 
-    from stabray.tracking import experiment_links
+    from stabray.errors import UserError
+    from stabray.tracking import check_store, experiment_links
 
+    try:  # a store that is not there is named, not created empty
+        check_store(args.tracking_uri, create=False)
+    except UserError as e:
+        p.error(str(e))
     client = MlflowClient(args.tracking_uri)
-    out = Path(args.out)
+    if args.experiment and client.get_experiment_by_name(args.experiment) is None:
+        names = [e.name for e in client.search_experiments()]
+        p.error(f"--experiment {args.experiment}: not in {args.tracking_uri} (it has {', '.join(names) or 'none'})")
     out.mkdir(parents=True, exist_ok=True)
     with UIServer(args.tracking_uri, args.port) as ui:
         links = dict(experiment_links(args.tracking_uri, ui.url))
