@@ -8,6 +8,7 @@ at which token of a step a wrong chain first goes off, `steps_report`); one JSON
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --seed 1
     PYTHONPATH=. python scripts/calibrate.py d17_mix34_init1 --set train.epochs=20 --label d17_e20
     PYTHONPATH=. python scripts/calibrate.py L28_lab12_mix34w13_randpos512_s3_e160_h128 --track-every 10
+    PYTHONPATH=. python scripts/calibrate.py l89 --seed 2 --save runs/l89_s2   # a short name: l89_...
 """
 
 from __future__ import annotations
