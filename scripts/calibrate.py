@@ -355,7 +355,7 @@ def run_main() -> None:
         "training it again (scripts/answer_probe.py)",
     )
     args = ap.parse_args()
-    strides, sets = check_args(ap, args)
+    eval_ks, sets = check_args(ap, args)
 
     import torch
 
@@ -426,7 +426,7 @@ def run_main() -> None:
         kept = mods[0].eval_stride
         lengths = {s: sequence_lengths(run, s) for s in final}  # the same at every stride
         preds: dict[int, dict[str, list[str]]] = {}
-        for k in strides:
+        for k in eval_ks:
             for m in mods:
                 m.eval_stride = k
             preds[k] = {s: run.evaluate(s).predictions for s in final}
@@ -441,7 +441,7 @@ def run_main() -> None:
                     f"(rule {r['rule_beyond_span']:.3f})",
                     flush=True,
                 )
-        ks = sorted(strides)
+        ks = sorted(eval_ks)
         chosen, ratio = fitted_strides(run, mods[0].span, ks)
         fitted = {}
         for s, picks in chosen.items():
