@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import command, figure, loadavg, median  # noqa: E402
+from common import command, figure, json_out, loadavg, median, positive_int  # noqa: E402
 
 WORKTREE = "worktree"  # --head's default: this checkout as it is on disk
 DATA_TASK, DATA_TRAIN, DATA_EVAL = "icl_quadratic", 2000, 200  # the README's cached-load figure
@@ -303,13 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("mode", choices=("data", "sweep"))
     p.add_argument("--base", help="the 'before' git revision (with --smoke: HEAD by default)")
     p.add_argument("--head", help=f"the 'after' git revision (default: {WORKTREE}, this checkout as on disk)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds, each running every side once (default 3; smoke 1)")
-    p.add_argument("--loads", type=int, default=3, help="data: timed loads per arm (after one warm-up)")
-    p.add_argument("--trials", type=int, default=3, help="sweep: trials per sweep")
-    p.add_argument("--epochs", type=int, default=3, help="sweep: epochs per trial")
+    p.add_argument(
+        "--rounds", type=positive_int, default=None, help="rounds, each running every side once (default 3; smoke 1)"
+    )
+    p.add_argument("--loads", type=positive_int, default=3, help="data: timed loads per arm (after one warm-up)")
+    p.add_argument("--trials", type=positive_int, default=3, help="sweep: trials per sweep")
+    p.add_argument("--epochs", type=positive_int, default=3, help="sweep: epochs per trial")
     p.add_argument("--warm", action="store_true", help="sweep: also the head on a Ray started before the clock")
     p.add_argument("--smoke", action="store_true", help="tiny task and model, 1 round, base HEAD (checks it works)")
-    p.add_argument("--json", default=None, help="write the figures and every arm's results here")
+    p.add_argument("--json", type=json_out, default=None, help="write the figures and every arm's results here")
     for hidden in ("--arm", "--side", "--tree", "--cache", "--work", "--out"):  # one arm's process
         p.add_argument(hidden, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

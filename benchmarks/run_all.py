@@ -3,7 +3,7 @@
     python benchmarks/run_all.py --smoke                 # each at tiny size: checks they run and the schema (CI)
     python benchmarks/run_all.py --out bench             # the real measurements (about an hour on 2 loaded cores)
     python benchmarks/run_all.py --smoke --only train qat
-    python benchmarks/run_all.py --only qat --update bench/summary.json --out bench2   # re-run some into a full run
+    python benchmarks/run_all.py --only qat --update bench/summary.json --out bench   # re-run some into a full run
 
 Each benchmark is `benchmarks/bench_<name>.py`, run as `python bench_<name>.py [--smoke] --json
 <out>/<name>.json`; every `bench_*.py` in this folder is picked up. `<out>/summary.json` holds one
@@ -12,9 +12,11 @@ min, max, target, met, command`, see benchmarks/common.py), each with the wall t
 and the machine's load average before and after it, plus the run's own wall time and load.
 `benchmarks/readme_table.py` renders the README's table from it. No thresholds are asserted: the exit
 code is non-zero when a benchmark fails to run or a figure does not follow the schema.
-`--update SUMMARY`: after a change to the code one benchmark measures, re-run only that one (`--only`)
-and write SUMMARY with its rows and figures replaced in place; the summary's `updates` list says which
-benchmarks were re-run when, how long they took and under what load (the README's run line says it).
+`--update SUMMARY --out DIR`: after a change to the code one benchmark measures, re-run only that one
+(`--only`) and write DIR/summary.json as SUMMARY with its rows and figures replaced (DIR = SUMMARY's own
+folder updates it in place: until the merge at the end the re-run's rows go to DIR/rerun_summary.json,
+so a run cut short leaves SUMMARY as it was); the summary's `updates` list says which benchmarks were
+re-run when, how long they took and under what load (the README's run line says it).
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def headline(figs: list[dict]) -> str:
     return "; ".join(out)
 
 
-def write_summary(out: Path, smoke: bool, t0: float, load0, rows: list, figures: list) -> dict:
+def write_summary(
+    out: Path, smoke: bool, t0: float, load0, rows: list, figures: list, name: str = "summary.json"
+) -> dict:
     summary = {
         "smoke": smoke,
         "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -64,7 +68,7 @@ def write_summary(out: Path, smoke: bool, t0: float, load0, rows: list, figures:
         "benchmarks": rows,
         "figures": figures,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / name).write_text(json.dumps(summary, indent=1, default=str))
     return summary
 
 
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or tmp.name)
     out.mkdir(parents=True, exist_ok=True)
     rows, figures, problems = [], [], []
+    partial = "rerun_summary.json" if args.update else "summary.json"
     run_load0, run_t0 = os.getloadavg(), time.perf_counter()
     for name in names:
         js = out / f"{name}.json"
@@ -155,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
                                                               *(["--smoke"] if args.smoke else [])])}
         )  # fmt: skip
         rows[-1]["headline"] = headline(figs)
-        write_summary(out, args.smoke, run_t0, run_load0, rows, figures)  # after each: a cut-short run keeps its part
-    summary = write_summary(out, args.smoke, run_t0, run_load0, rows, figures)
+        # after each: a cut-short run keeps its part (an update's apart from the summary it updates)
+        write_summary(out, args.smoke, run_t0, run_load0, rows, figures, partial)
+    summary = ran = write_summary(out, args.smoke, run_t0, run_load0, rows, figures, partial)
     if args.update:
-        summary = merge(earlier, summary)
+        summary = merge(earlier, ran)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         print(f"updated {args.update} -> {out / 'summary.json'}: re-ran {', '.join(r['benchmark'] for r in rows)}")
     print(
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['benchmark']:<14} {r['rc']:>3} {r['wall_s']:>7.1f} {r['load_before'][0]:>4.1f}-"
             f"{r['load_after'][0]:<4.1f}  {r['headline']}"
         )
-    print(f"all: {summary['wall_s'] / 60:.1f} min; {len(figures)} figures in {out / 'summary.json'}")
+    print(f"all: {ran['wall_s'] / 60:.1f} min; {len(figures)} figures in {out / 'summary.json'}")  # this run's
     for p_ in problems:
         print(f"schema: {p_}")
     if tmp:

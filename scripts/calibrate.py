@@ -231,8 +231,8 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
     another stride; then the mean and sample standard deviation over the rows."""
     import statistics
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, when imported
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, also when imported
+    if str(Path(__file__).resolve().parent) not in sys.path:  # the sibling script, also when imported
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
     from calibration_table import read_rows  # noqa: E402
 
     from stabray.models.positions import RandomPositions
@@ -290,6 +290,8 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
         if not k.strip().isdigit() or int(k) < 1:
             ap.error(f"--eval-strides {args.eval_strides}: expected strides >= 1 separated by commas, got {k!r}")
         strides.append(int(k))
+    if args.eval_strides and not strides:
+        ap.error(f"--eval-strides {args.eval_strides!r}: no stride given (e.g. 2,3,4)")
     sets = []
     for item in args.set:
         key, eq, value = item.partition("=")

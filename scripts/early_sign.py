@@ -4,7 +4,7 @@ first wrong token is a step's variable (token 0) at epoch E, beside `val_departu
 validation twin a sweep's `search.stop_if` rule reads; absent in rows older than that metric), when
 it first fits (validation accuracy >= 0.95), and what the rule "share >= THRESHOLD: it never fits"
 calls it; beside it the share off at the operation (token 1), the other lookup a stuck run can
-lack. Rows are the 1-based lines of the results file (the README's calibration-table rows).
+lack. Rows are numbered from 1 over the file's non-blank lines (the README's calibration-table rows).
 
 The threshold was chosen after looking at rows 165-180 (--chosen-on), so the 2x2 table and Fisher's
 exact test are printed twice: on those rows (where the rule was read, so the p-value flatters it) and
@@ -92,8 +92,8 @@ def main() -> None:
         ap.error(f"--chosen-on {args.chosen_on}: expected rows A-B with 1 <= A <= B")
     if not 0 <= args.threshold <= 1:  # a share of chains (NaN fails this too)
         ap.error(f"--threshold {args.threshold}: a share of chains, between 0 and 1")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, when imported
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script, also when imported
+    if str(Path(__file__).resolve().parent) not in sys.path:  # the sibling script, also when imported
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
     from calibration_table import read_rows  # noqa: E402
 
     rows = list(enumerate(read_rows([args.results], need=("profile", "seed")), 1))

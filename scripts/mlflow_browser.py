@@ -113,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlflow import MlflowClient
 
     from stabray.errors import UserError
-    from stabray.tracking import check_store, experiment_links
+    from stabray.tracking import check_store, experiment_links, resolve_tracking_uri
 
-    try:  # a store that is not there is named, not created empty
+    try:  # as `stabray ui` reads it (a bare path is a sqlite file); a store that is not there is named
+        args.tracking_uri = resolve_tracking_uri(args.tracking_uri)
         check_store(args.tracking_uri, create=False)
     except UserError as e:
         p.error(str(e))

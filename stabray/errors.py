@@ -47,14 +47,13 @@ def unwritable(path: str | Path) -> str | None:
 
 
 def check_output_folder(out: str | Path, names: Iterable[str], force: bool, flag: str = "--out") -> Path:
-    """A folder a command may write the files `names` into: new or a directory, its parent exists, this
-    process can create files there, and none of `names` is there unless `force` (other files in it are
-    left alone). Raises UserError naming the problem; called before any work whose result would be lost."""
+    """A folder a command may write the files `names` into: new (created with its parents) or a
+    directory, where this process can create files (probed at the nearest existing folder), and none
+    of `names` is there unless `force` (other files in it are left alone). Raises UserError naming the
+    problem; called before any work whose result would be lost."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{flag} {out}: a file, not a directory")
-    if not out.exists() and not out.absolute().parent.is_dir():
-        raise UserError(f"{flag} {out}: the directory {out.absolute().parent} does not exist")
+    if blocked := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
+        raise UserError(f"{flag} {out}: {blocked} is a file, not a directory")
     if why := unwritable(out):
         raise UserError(f"{flag} {out}: {why}")
     there = [n for n in names if (out / n).exists()]

@@ -55,6 +55,42 @@ def test_run_all_update_needs_an_out_folder_and_a_summary(tmp_path, capsys):
     assert not (tmp_path / "o").exists() and not (tmp_path / "qat.json").exists()  # nothing ran
 
 
+def test_run_all_update_in_place_merges_and_a_cut_short_rerun_leaves_the_summary(tmp_path, monkeypatch):
+    """The control: --update with --out = the summary's own folder replaces the re-run benchmark's rows
+    there; while it runs, its rows go to rerun_summary.json, so the summary is whole if it is cut short."""
+    import subprocess
+
+    run_all = load_bench("run_all")
+    old = {"benchmark": "qat", "rc": 0, "headline": "old"}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"smoke": True, "benchmarks": [old, {"benchmark": "train"}], "figures": []}))
+    seen = []
+
+    real = subprocess.run
+
+    def fake(cmd, **kw):  # the benchmark "runs": the summary is still the old one meanwhile
+        if "--json" not in cmd:
+            return real(cmd, **kw)
+        seen.append(json.loads(summary.read_text())["benchmarks"][0]["headline"])
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"figures": []}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(run_all.subprocess, "run", fake)
+    run_all.main(["--smoke", "--only", "qat", "--update", str(summary), "--out", str(tmp_path), "--quiet"])
+    merged = json.loads(summary.read_text())
+    assert seen == ["old"] and [r["benchmark"] for r in merged["benchmarks"]] == ["qat", "train"]
+    assert merged["benchmarks"][0]["headline"] != "old" and merged["updates"][-1]["benchmarks"] == ["qat"]
+    assert (tmp_path / "rerun_summary.json").exists()
+
+
+@pytest.mark.parametrize("name", load_bench("run_all").available())
+def test_every_benchmark_checks_its_json_path_first(name, capsys):
+    bench = load_bench(name)
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--json", "/nonexistent-folder/x.json"])
+    assert stop.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
 def test_benchmark_arguments_are_checked_before_measuring(tmp_path):
     import argparse
 
@@ -76,6 +112,7 @@ def test_benchmark_arguments_are_checked_before_measuring(tmp_path):
         ([L89, "--out", "{t}/none/r.jsonl"], "--out {t}/none/r.jsonl: the folder"),
         ([L89, "--out", "{t}"], "a folder; give a JSON-lines file"),
         ([L89, "--out", "{t}/r.jsonl", "--eval-strides", "2,0"], "expected strides >= 1"),
+        ([L89, "--out", "{t}/r.jsonl", "--eval-strides", ","], "no stride given"),
         ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs"], "expected KEY=VALUE"),
         ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs=[1"], "not a YAML value"),
         (["l89", "--out", "{t}/r.jsonl", "--set", "train.epoch=3"], "train.epoch: unknown key"),
@@ -90,6 +127,22 @@ def test_calibrate_refuses_before_training(tmp_path, monkeypatch, capsys, argv, 
         calibrate.main()
     err = capsys.readouterr().err
     assert stop.value.code == 2 and why.format(t=tmp_path) in err and "Traceback" not in err, err
+
+
+def test_calibrate_control_an_existing_out_file_passes_the_checks(tmp_path, monkeypatch):
+    """The control for the refusals above: a valid command line, --out an existing file (rows are
+    appended), gets past every check to building the run."""
+    calibrate = load_calibrate("calibrate")
+    (tmp_path / "r.jsonl").write_text('{"profile": "x"}\n')
+
+    def reached(*a, **k):
+        raise RuntimeError("reached the run")
+
+    monkeypatch.setattr("stabray.train.run.TrialRun.__init__", reached)
+    argv = ["calibrate.py", "L28", "--out", str(tmp_path / "r.jsonl"), "--eval-strides", "2,3", "--set", "seed=1"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(RuntimeError, match="reached the run"):
+        calibrate.main()
 
 
 def test_calibrate_takes_a_short_profile_name_and_records_the_full_one():

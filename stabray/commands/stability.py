@@ -102,7 +102,7 @@ def run(args) -> int:
         print(table.note)
     rows = table.rows
     at = at_T(rows, args.T)
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     import polars as pl
 
     df = pl.DataFrame(rows) if rows else pl.DataFrame(schema=list(DECOMP_KEYS))
