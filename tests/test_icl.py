@@ -302,7 +302,7 @@ def test_icl_figures_subcommand_plots_the_checkpoint_curves(tmp_path):
         (d / "result.json").write_text(
             json.dumps({"trial_id": tid, "val_acc": val, "training_iteration": 1, "test_acc": val, "done": True}) + "\n"
         )
-    out3 = tmp_path / "figs3"
+    out3 = tmp_path / "figs3" / "nested"  # folders still to be created, as the default reports/<task>
     assert (
         analysis_main(
             ["icl-figures", "--experiment", "icl_linear", "--ray-dir", str(tmp_path / "ray"), "--out", str(out3)]
