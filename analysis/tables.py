@@ -112,10 +112,10 @@ class Table:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = []
-        texts = {"md": self.to_markdown, "tex": self.to_latex, "csv": self.to_csv}
-        for ext, text in ((ext, texts[ext]()) for ext in TABLE_EXTS):
+        render = {"md": self.to_markdown, "tex": self.to_latex, "csv": self.to_csv}
+        for ext in TABLE_EXTS:
             p = out / f"{self.name}.{ext}"
-            p.write_text(text)
+            p.write_text(render[ext]())
             paths.append(p)
         return paths
 

@@ -63,11 +63,6 @@ def _resolve(target: str, tracking_uri: str | None) -> tuple[Path, str | None]:
 OUTPUTS = ("stability.csv", "stability.json")
 
 
-def check_out(out: Path, force: bool) -> None:
-    """The output folder may be new or hold other files; our own outputs are replaced only with --force."""
-    check_output_folder(out, OUTPUTS, force)
-
-
 def run(args) -> int:
     if args.n < 1 or args.iters < 1 or args.token_cap < 1:
         raise UserError("--n, --iters and --token-cap must be >= 1")
@@ -80,7 +75,7 @@ def run(args) -> int:
 
         run_data(args.run_id, args.tracking_uri)
     out = Path(args.out) if args.out else ckpt / "stability"
-    check_out(out, args.force)
+    check_output_folder(out, OUTPUTS, args.force)  # other files in it are kept; ours only with --force
     from stabray.progress import stage
     from stabray.record import DECOMP_KEYS
     from stabray.train import StabilityOptions, load_run
