@@ -277,7 +277,8 @@ def run(
 
         raise UserError(f"{where}: no per-T ICL curves found")
     out_dir = Path(out) if out else Path("reports") / (curves.get("task") or "icl")
-    check_output_folder(out_dir, names, force)
+    if not out:  # the default folder is known once the task is
+        check_output_folder(out_dir, names, force)
     paths = write_figures(curves, out_dir, where)
     print(f"from {where}")
     print(summary(curves))

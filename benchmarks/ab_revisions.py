@@ -317,8 +317,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.arm:
         return arm(args)
-    if (args.rounds is not None and args.rounds < 1) or args.loads < 1 or args.trials < 1 or args.epochs < 1:
-        raise SystemExit("ab_revisions: --rounds, --loads, --trials and --epochs must be >= 1")
     return drive(args, argv)
 
 

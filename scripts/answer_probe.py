@@ -229,14 +229,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.stride < 0:
         ap.error(f"--stride {args.stride}: a stride >= 1 (or 0: the model's own choice)")
-    if args.out:
-        from stabray.errors import unwritable
+    if args.out:  # lines are appended to it: an existing file is fine
+        from stabray.commands.data import check_output_file
 
-        out = Path(args.out)
-        if out.is_dir() or not out.absolute().parent.is_dir():
-            ap.error(f"--out {out}: expected a file in an existing folder (lines are appended to it)")
-        if (why := unwritable(out.absolute().parent)) is not None:
-            ap.error(f"--out {out}: {why}")
+        try:
+            check_output_file(args.out, force=True)
+        except UserError as e:
+            ap.error(str(e))
     try:
         probe_models(args)
     except UserError as e:
