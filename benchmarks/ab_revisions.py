@@ -62,6 +62,13 @@ def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def refuse(problem: str) -> None:
+    """Bad input: `error: ab_revisions: <problem>` on one line, exit 2 (as stabray's commands; this
+    script does not import stabray, whose copy each measured side brings)."""
+    print(f"error: ab_revisions: {problem}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def resolve(rev: str) -> dict:
     """{"rev": as given, "sha", "subject"} of a git revision, or of the working tree (HEAD's commit,
     and whether stabray/ or sweeps/ differ from it)."""
@@ -71,7 +78,7 @@ def resolve(rev: str) -> dict:
     try:
         sha = git("rev-parse", "--verify", f"{rev}^{{commit}}")
     except subprocess.CalledProcessError:
-        raise SystemExit(f"ab_revisions: {rev!r} is not a git revision of {ROOT}") from None
+        refuse(f"{rev!r} is not a git revision of {ROOT}")
     return {"rev": rev, "sha": sha, "subject": git("log", "-1", "--format=%s", sha), "dirty": False}
 
 
@@ -166,7 +173,7 @@ def drive(args, argv: list[str] | None) -> int:
     head = args.head or WORKTREE
     base = "HEAD" if args.smoke and not args.base else args.base
     if not base:
-        raise SystemExit("ab_revisions: --base REV is required (except with --smoke)")
+        refuse("--base REV is required (except with --smoke)")
     rounds_n = args.rounds or (1 if args.smoke else 3)
     revs = {"base": resolve(base), "head": resolve(head)}
     if args.mode == "sweep" and args.warm:

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from stabray.errors import UserError
+from stabray.errors import UserError, run_script
 
 
 def entries(final: str) -> list[tuple[str, str]]:
@@ -62,7 +61,7 @@ def load(model_dir: Path):
 
     run = load_run(model_dir)
     if not run.task.name.startswith("lego"):
-        raise SystemExit(f"{model_dir}: a {run.task.name} model; the probe reads LEGO named final states")
+        raise UserError(f"{model_dir}: a {run.task.name} model; the probe reads LEGO named final states")
     return run
 
 
@@ -74,14 +73,14 @@ def name_positions(run, ex) -> tuple[list[int], list[int], list[int]]:
     start, _ = enc.final_span
     toks = [run.tokenizer.decode([i]).strip() for i in ids]
     if toks[start] != "[":
-        raise SystemExit(f"the final state does not start with '[' ({toks[start]!r}): not a LEGO named state")
+        raise UserError(f"the final state does not start with '[' ({toks[start]!r}): not a LEGO named state")
     names = [start + 1 + 2 * j for j in range(len(entries(ex.final)))]
     v0 = next(i for i in range(len(toks) - 1) if toks[i] == "vars" and toks[i + 1] in (":", "["))
     open_ = toks.index("[", v0)
     in_vars = [open_ + 1 + j for j in range(len(names))]
     for a, b in zip(names, in_vars):
         if toks[a] != toks[b]:
-            raise SystemExit(f"entry {toks[a]!r} and vars' {toks[b]!r} differ: the state is not in the vars order")
+            raise UserError(f"entry {toks[a]!r} and vars' {toks[b]!r} differ: the state is not in the vars order")
     return ids, names, in_vars
 
 
@@ -236,11 +235,7 @@ def main() -> None:
             check_output_file(args.out, force=True)
         except UserError as e:
             ap.error(str(e))
-    try:
-        probe_models(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    probe_models(args)
 
 
 def probe_models(args) -> None:
@@ -254,14 +249,14 @@ def probe_models(args) -> None:
     for d in args.model:
         run = load(d)
         if args.stride and not has_random_positions(run.model):
-            raise SystemExit(f"--stride: {d} has no randomized positions (model.positions: random)")
+            raise UserError(f"--stride: {d} has no randomized positions (model.positions: random)")
         train = training_distances(run)
         if train:
             print(f"{d} training: name-to-vars distance in positions per entry [5%, 50%, 95%, max]")
             print("  " + " ".join(f"{j}:{'/'.join(f'{x:.0f}' for x in q)}" for j, q in train.items()))
         for split in args.splits or ("test", *run.long_splits):
             if split not in run.data:
-                raise SystemExit(f"{d}: no split {split!r} (has {sorted(run.data)})")
+                raise UserError(f"{d}: no split {split!r} (has {sorted(run.data)})")
             with eval_stride(run.model, args.stride) if args.stride else contextlib.nullcontext():
                 r = probe(run, split) | {"model": str(d), "stride": args.stride or None, "training_distances": train}
             print(f"{d} {split}: acc {r['acc']:.3f} (n {r['n']})")
@@ -278,4 +273,4 @@ def probe_models(args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from stabray.errors import UserError, did_you_mean, run_script, unwritable
+
 
 def graded(run, split: str) -> tuple[list, list[str], list[bool]]:
     """A whole split's examples, the model's greedy answers, and whether each final answer is exact."""
@@ -210,7 +212,6 @@ def full_name(name: str, profiles: dict) -> str:
 def profile_config(name: str, profiles: dict) -> dict:
     """A profile's trial config: its parent's (or the base) with its `set` fields replaced."""
     from stabray.config import set_path
-    from stabray.errors import UserError, did_you_mean
 
     entries = profiles["profiles"]
     if name not in entries:
@@ -240,7 +241,7 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
 
     rows = [r for r in read_rows([str(path)], need=("profile",)) if r["profile"] == label and r.get("eval_strides")]
     if not rows:
-        raise SystemExit(f"{path}: no row named {label!r} with per-stride results (--eval-strides)")
+        raise UserError(f"{path}: no row named {label!r} with per-stride results (--eval-strides)")
     per_split: dict[str, list[float]] = {}
     for r in rows:
         # the row's own config (data and tokenizer only: nothing is trained), so its stored
@@ -268,23 +269,10 @@ def rescore(path: Path, label: str, cfg: dict) -> None:
     )
 
 
-def main() -> None:
-    """The command; an input error (UserError: an unknown profile, a bad --set) is one line, exit 2."""
-    from stabray.errors import UserError
-
-    try:
-        run_main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[tuple[str, str]]]:
     """Everything about the command line that can be wrong, before any data or model is built (a run
     trains for up to two hours; its row is written at the end): the --eval-strides list, the --set
     items, and the places --out and --save write to. Returns (strides, [(key, yaml value)])."""
-    from stabray.errors import unwritable
-
     strides = []
     for k in filter(None, args.eval_strides.split(",")):
         if not k.strip().isdigit() or int(k) < 1:
@@ -316,7 +304,24 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
     return strides, sets
 
 
-def run_main() -> None:
+def check_config(cfg: dict, profile: str, sets: list[tuple[str, str]]) -> None:
+    """The profile's trial config with the --set overrides, validated before any data or model is built.
+    A problem in a field that a --set wrote (or one below it) is named by that --set; any other, by the
+    profile."""
+    from stabray.config import parse_trial_config
+
+    try:
+        parse_trial_config(cfg)
+    except UserError as e:
+        problem = str(e).removeprefix("trial config: ")
+        field = problem.split(":", 1)[0]
+        by = next((f"--set {k}={v}" for k, v in reversed(sets) if field == k or field.startswith(k + ".")), None)
+        raise UserError(f"{by}: {problem}" if by else f"profile {profile}: {problem}") from None
+
+
+def main() -> None:
+    """The command; an input error (UserError: an unknown profile, a bad --set) is one line, exit 2
+    (stabray.errors.run_script)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="a profile of scripts/calibration_profiles.yaml")
     ap.add_argument("--seed", type=int, default=0)
@@ -377,10 +382,11 @@ def run_main() -> None:
             ap.error(f"--set {k}={v}: not a YAML value ({str(e).splitlines()[0]})")
     cfg["seed"] = args.seed
     cfg["cache_dir"] = args.cache_dir
+    check_config(cfg, args.profile, sets)
     if args.eval_strides and cfg.get("model", {}).get("positions") != "random":  # checked before training
-        raise SystemExit(f"--eval-strides needs a profile with model.positions: random ({args.profile} has none)")
+        raise UserError(f"--eval-strides needs a profile with model.positions: random ({args.profile} has none)")
     if args.eval_strides and isinstance(cfg["model"].get("position_eval_stride"), list):
-        raise SystemExit(
+        raise UserError(
             "--eval-strides scores the trained model at each listed stride, and the per-input pick among them; "
             f"the run's model.position_eval_stride is already a list ({cfg['model']['position_eval_stride']}): "
             "give it one stride"
@@ -548,4 +554,4 @@ def run_main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

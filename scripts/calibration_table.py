@@ -29,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from stabray.errors import UserError, run_script
+
 PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 BEGIN = "<!-- calibration-table: begin"
 END = "<!-- calibration-table: end -->"
@@ -55,7 +57,7 @@ def cell(split: dict | None) -> str:
 def replace_block(text: str, table: str) -> str:
     """`text` with the lines between the begin and end markers replaced by `table`."""
     if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"the README must hold exactly one '{BEGIN} ...-->' line and one '{END}' line")
+        raise UserError(f"the README must hold exactly one '{BEGIN} ...-->' line and one '{END}' line")
     head, rest = text.split(BEGIN, 1)
     marker, _, after = rest.partition("\n")
     _, tail = after.split(END, 1)
@@ -81,23 +83,23 @@ def main() -> None:
 
 def read_rows(files: list[str], need: tuple[str, ...] = ("profile", "seed", "splits")) -> list[dict]:
     """Every calibration row in `files` (JSON lines), in order. A file that cannot be read, a line that
-    is not a JSON object and a row without the keys `need` are SystemExit naming the file and line."""
+    is not a JSON object and a row without the keys `need` are UserErrors naming the file and line."""
     rows = []
     for f in files:
         try:
             text = Path(f).read_text()
         except OSError as e:
-            raise SystemExit(f"{f}: cannot read it ({e.strerror or type(e).__name__})") from None
+            raise UserError(f"{f}: cannot read it ({e.strerror or type(e).__name__})") from None
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except ValueError as e:
-                raise SystemExit(f"{f}, line {n}: not valid JSON ({e})") from None
+                raise UserError(f"{f}, line {n}: not valid JSON ({e})") from None
             if not isinstance(row, dict) or (missing := [k for k in need if k not in row]):
                 what = f"no {', '.join(missing)}" if isinstance(row, dict) else f"a JSON {type(row).__name__}"
-                raise SystemExit(f"{f}, line {n}: not a calibration row ({what})")
+                raise UserError(f"{f}, line {n}: not a calibration row ({what})")
             rows.append(row)
     return rows
 
@@ -150,13 +152,13 @@ def _profile_rows(rows: list[dict], name: str) -> dict[int, dict]:
     names = {r["profile"] for r in rows if r["profile"] == name or r["profile"].startswith(name + "_")}
     if len(names) != 1:
         found = ", ".join(sorted(names)) or "none"
-        raise SystemExit(f"--compare: {name!r} must name exactly one profile in the results (matches: {found})")
+        raise UserError(f"--compare: {name!r} must name exactly one profile in the results (matches: {found})")
     (full,) = names
     by_seed: dict[int, dict] = {}
     for r in rows:
         if r["profile"] == full:
             if r["seed"] in by_seed:
-                raise SystemExit(f"--compare: profile {full} has seed {r['seed']} twice")
+                raise UserError(f"--compare: profile {full} has seed {r['seed']} twice")
             by_seed[r["seed"]] = r
     return by_seed
 
@@ -179,10 +181,10 @@ def compare(files: list[str], a: str, b: str) -> str:
     ra, rb = _profile_rows(rows, a), _profile_rows(rows, b)
     name_a, name_b = next(iter(ra.values()))["profile"], next(iter(rb.values()))["profile"]
     if name_a == name_b:
-        raise SystemExit(f"--compare: {a!r} and {b!r} name the same profile ({name_a}); compare two")
+        raise UserError(f"--compare: {a!r} and {b!r} name the same profile ({name_a}); compare two")
     task_a, task_b = next(iter(ra.values())).get("task"), next(iter(rb.values())).get("task")
     if task_a != task_b:
-        raise SystemExit(f"--compare: {name_a} ({task_a}) and {name_b} ({task_b}) are different tasks")
+        raise UserError(f"--compare: {name_a} ({task_a}) and {name_b} ({task_b}) are different tasks")
     out = [f"A = {name_a} (seeds {sorted(ra)})", f"B = {name_b} (seeds {sorted(rb)})"]
     pa, pb = kernel_paths(ra), kernel_paths(rb)
     if pa != pb or len(pa) > 1:  # one path on both sides is the only like-for-like case
@@ -227,4 +229,4 @@ def compare(files: list[str], a: str, b: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from stabray.errors import UserError, run_script
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "cluster.local.yaml"
 DEFAULT_TEMP = "/tmp/stabray-fake-cluster"  # Ray's sockets live below it: keep it short (108-byte limit)
@@ -43,16 +45,16 @@ def ray_bin() -> str:
 
 
 def read_config(config: Path) -> dict:
-    """The autoscaler config, or SystemExit naming what is wrong with the file."""
+    """The autoscaler config, or UserError naming what is wrong with the file."""
     try:
         cfg = yaml.safe_load(config.read_text())
     except OSError as e:
-        raise SystemExit(f"--config {config}: cannot read it ({e.strerror or type(e).__name__})") from None
+        raise UserError(f"--config {config}: cannot read it ({e.strerror or type(e).__name__})") from None
     except yaml.YAMLError as e:
-        raise SystemExit(f"--config {config}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise UserError(f"--config {config}: not valid YAML ({str(e).splitlines()[0]})") from None
     need = ("provider", "available_node_types", "head_node_type")
     if not isinstance(cfg, dict) or any(k not in cfg for k in need):
-        raise SystemExit(f"--config {config}: not a Ray autoscaler config (needs {', '.join(need)})")
+        raise UserError(f"--config {config}: not a Ray autoscaler config (needs {', '.join(need)})")
     return cfg
 
 
@@ -61,9 +63,9 @@ def start(port: int = 6379, temp_dir: str = DEFAULT_TEMP, config: Path = CONFIG,
     `gcs_address` is rewritten to `port` in a copy kept in the temp dir."""
     tmp = Path(temp_dir)
     if (tmp / "pgid").exists():
-        raise SystemExit(f"a fake cluster already runs from {tmp} (stop it first: fake_cluster.py stop)")
+        raise UserError(f"a fake cluster already runs from {tmp} (stop it first: fake_cluster.py stop)")
     if tmp.exists() and not tmp.is_dir():
-        raise SystemExit(f"--temp-dir {tmp}: a file, not a directory")
+        raise UserError(f"--temp-dir {tmp}: a file, not a directory")
     cfg = read_config(Path(config))  # before anything is created
     tmp.mkdir(parents=True, exist_ok=True)
     cfg["provider"]["gcs_address"] = f"127.0.0.1:{port}"
@@ -145,12 +147,12 @@ def processes(temp_dir: str = DEFAULT_TEMP) -> list[int]:
 
 def stop(temp_dir: str = DEFAULT_TEMP, grace_s: float = 15) -> None:
     """SIGTERM to the cluster's process group, SIGKILL to what is left after `grace_s`, then its temp dir.
-    A folder that holds no cluster (no `pgid` file written by `start`) is left alone: SystemExit."""
+    A folder that holds no cluster (no `pgid` file written by `start`) is left alone: UserError."""
     tmp = Path(temp_dir)
     if not tmp.exists():
-        raise SystemExit(f"--temp-dir {tmp}: no such folder; no fake cluster to stop")
+        raise UserError(f"--temp-dir {tmp}: no such folder; no fake cluster to stop")
     if not (tmp / "pgid").is_file():
-        raise SystemExit(f"--temp-dir {tmp}: not a fake cluster's folder (no pgid file); nothing stopped or removed")
+        raise UserError(f"--temp-dir {tmp}: not a fake cluster's folder (no pgid file); nothing stopped or removed")
     try:
         pgid = int((tmp / "pgid").read_text())
     except (OSError, ValueError):
@@ -188,4 +190,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_script(main))

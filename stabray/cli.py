@@ -17,7 +17,7 @@ import sys
 import textwrap
 from importlib.metadata import entry_points
 
-from stabray.errors import UserError
+from stabray.errors import UserError, one_line
 
 COMMANDS = ["sweep", "tasks", "data", "methods", "stability", "ui"]
 ENTRY_POINTS = "stabray.commands"
@@ -72,10 +72,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def one_line(message: str) -> str:
-    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:

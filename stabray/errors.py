@@ -1,8 +1,9 @@
 """Errors a user can fix. The CLI prints their message and exits with code 2."""
 
 import difflib
+import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -17,6 +18,22 @@ class SpecError(UserError):
     def __init__(self, path: str, field: str, problem: str, related: tuple[str, ...] = ()):
         self.path, self.field, self.problem, self.related = str(path), field, problem, tuple(related)
         super().__init__(f"{self.path}: {field}: {problem}")
+
+
+def one_line(message: object) -> str:
+    """A message on one line: its lines' words joined by single spaces."""
+    return " ".join(str(message).split())
+
+
+def run_script(main: Callable[[], int | None]) -> int:
+    """The exit code of a script's `main` (None: 0), where a UserError prints `error: <message>` on
+    one line and is code 2, as for stabray's commands; a failure that is not the input's keeps its
+    own code. Used as `raise SystemExit(run_script(main))`."""
+    try:
+        return int(main() or 0)
+    except UserError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 def did_you_mean(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.test_script_input import exit_code
 from tests.test_sizes import load_calibrate
 
 probe = load_calibrate("answer_probe")
@@ -118,6 +119,4 @@ def test_calibrate_save_refuses_a_file_before_training(tmp_path, monkeypatch, ca
         str(tmp_path / "f"),
     ]
     monkeypatch.setattr("sys.argv", argv)
-    with pytest.raises(SystemExit) as stop:
-        calibrate.main()
-    assert stop.value.code == 2 and "--save " + str(tmp_path / "f") + ": a file is there" in capsys.readouterr().err
+    assert exit_code(calibrate.main) == 2 and "--save " + str(tmp_path / "f") + ": a file is there" in capsys.readouterr().err

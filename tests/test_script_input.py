@@ -5,23 +5,57 @@ that goes through."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from test_benchmarks_smoke import load as load_bench
 from test_sizes import load_calibrate
 
+from stabray.errors import UserError, run_script
+
 ROOT = Path(__file__).resolve().parent.parent
 L89 = "l89_cyc_mix25w1113_deltaop_randpos192_h128_l3_e160_lr1e3_wd1e1"
+
+
+def exit_code(main) -> int:
+    """A script's exit code as its `__main__` block gives it (stabray.errors.run_script), argparse's
+    own refusals (SystemExit 2) included."""
+    try:
+        return run_script(main)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["scripts/calibration_table.py", "{t}/none.jsonl"], "error: {t}/none.jsonl: cannot read it"),
+        (["scripts/fake_cluster.py", "stop", "--temp-dir", "{t}"], "not a fake cluster's folder"),
+        (["scripts/calibrate.py", "l89", "--set", "model.hiden=3", "--out", "{t}/r.jsonl"], "--set model.hiden=3:"),
+        (["scripts/answer_probe.py", "{t}"], "error: {t}: not a stabray checkpoint (no state.pt)"),
+        (["benchmarks/ab_revisions.py", "data", "--base", "no-such-rev"], "'no-such-rev' is not a git revision"),
+    ],
+)
+def test_scripts_exit_2_with_one_line_on_bad_input(tmp_path, argv, words):
+    """Run as a researcher runs them: bad input is `error: ...` on one line and exit code 2, as for
+    stabray's own commands (a failure that is not the input's, such as `ray start` failing, exits 1)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, *(a.format(t=tmp_path) for a in argv)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": "."})
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and words.format(t=tmp_path) in err[0], (p.returncode, p.stderr)
 
 
 def test_fake_cluster_stop_leaves_a_folder_without_a_cluster_alone(tmp_path):
     fc = load_calibrate("fake_cluster")
     (tmp_path / "keep.txt").write_text("mine")
-    with pytest.raises(SystemExit, match="not a fake cluster's folder"):
+    with pytest.raises(UserError, match="not a fake cluster's folder"):
         fc.stop(str(tmp_path))
     assert (tmp_path / "keep.txt").read_text() == "mine"
-    with pytest.raises(SystemExit, match="no such folder"):
+    with pytest.raises(UserError, match="no such folder"):
         fc.stop(str(tmp_path / "none"))
     (tmp_path / "pgid").write_text("999999999")  # a cluster's folder whose processes are gone: removed
     fc.stop(str(tmp_path), grace_s=0)
@@ -32,7 +66,7 @@ def test_fake_cluster_start_reads_its_config_before_creating_anything(tmp_path):
     fc = load_calibrate("fake_cluster")
     for text, why in (("a: [", "not valid YAML"), ("a: 1\n", "not a Ray autoscaler config")):
         (tmp_path / "c.yaml").write_text(text)
-        with pytest.raises(SystemExit, match=why):
+        with pytest.raises(UserError, match=why):
             fc.start(temp_dir=str(tmp_path / "t"), config=tmp_path / "c.yaml")
         assert not (tmp_path / "t").exists()
     assert set(fc.read_config(ROOT / "cluster.local.yaml")) >= {"provider", "head_node_type"}  # the shipped one
@@ -115,7 +149,7 @@ def test_benchmark_arguments_are_checked_before_measuring(tmp_path):
         ([L89, "--out", "{t}/r.jsonl", "--eval-strides", ","], "no stride given"),
         ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs"], "expected KEY=VALUE"),
         ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs=[1"], "not a YAML value"),
-        (["l89", "--out", "{t}/r.jsonl", "--set", "train.epoch=3"], "train.epoch: unknown key"),
+        (["l89", "--out", "{t}/r.jsonl", "--set", "train.epoch=3"], "error: --set train.epoch=3: train.epoch: unknown key"),
     ],
 )
 def test_calibrate_refuses_before_training(tmp_path, monkeypatch, capsys, argv, why):
@@ -123,10 +157,9 @@ def test_calibrate_refuses_before_training(tmp_path, monkeypatch, capsys, argv, 
     calibrate = load_calibrate("calibrate")
     monkeypatch.setattr("stabray.train.run.TrialRun.epoch", lambda *a, **k: pytest.fail("trained"))
     monkeypatch.setattr("sys.argv", ["calibrate.py", *(a.format(t=tmp_path) for a in argv)])
-    with pytest.raises(SystemExit) as stop:
-        calibrate.main()
+    code = exit_code(calibrate.main)
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and why.format(t=tmp_path) in err and "Traceback" not in err, err
+    assert code == 2 and why.format(t=tmp_path) in err and "Traceback" not in err, err
 
 
 def test_calibrate_control_an_existing_out_file_passes_the_checks(tmp_path, monkeypatch):
@@ -145,6 +178,33 @@ def test_calibrate_control_an_existing_out_file_passes_the_checks(tmp_path, monk
         calibrate.main()
 
 
+def test_calibrate_names_the_set_that_wrote_a_bad_field():
+    """A config problem is named by the --set that wrote the field (the last one, when two wrote it,
+    or one that wrote a mapping above it), else by the profile."""
+    import yaml
+
+    from stabray.config import set_path
+
+    calibrate = load_calibrate("calibrate")
+    profiles = yaml.safe_load((ROOT / "scripts" / "calibration_profiles.yaml").read_text())
+    cases = [
+        ("model.hiden", 1, [], "profile p: model.hiden: unknown key"),
+        ("model.hiden", 1, [("model", "{hiden: 1}")], "--set model={hiden: 1}: model.hiden: unknown key"),
+        ("train.epochs", 0, [("train.epochs", "5"), ("train.epochs", "0")], "--set train.epochs=0: train.epochs"),
+        ("train.epochs", 0, [("train.epoch", "0")], "profile p: train.epochs"),  # a prefix of the name only
+        ("train.epochs", 2, [("train.epochs", "2")], None),  # the control: valid
+    ]
+    for key, value, sets, words in cases:
+        cfg = calibrate.profile_config(L89, profiles)
+        set_path(cfg, key, value)
+        if words is None:
+            calibrate.check_config(cfg, "p", sets)
+            continue
+        with pytest.raises(UserError) as e:
+            calibrate.check_config(cfg, "p", sets)
+        assert str(e.value).startswith(words), (str(e.value), words)
+
+
 def test_calibrate_takes_a_short_profile_name_and_records_the_full_one():
     import yaml
 
@@ -158,12 +218,12 @@ def test_calibration_rows_are_read_with_the_file_and_line_named(tmp_path):
     table = load_calibrate("calibration_table")
     f = tmp_path / "rows.jsonl"
     f.write_text('{"profile": "a", "seed": 0, "splits": {}}\n\n{"profile": "a"\n')
-    with pytest.raises(SystemExit, match=r"rows.jsonl, line 3: not valid JSON"):
+    with pytest.raises(UserError, match=r"rows.jsonl, line 3: not valid JSON"):
         table.read_rows([str(f)])
     f.write_text('{"profile": "a", "seed": 0}\n')
-    with pytest.raises(SystemExit, match=r"line 1: not a calibration row \(no splits\)"):
+    with pytest.raises(UserError, match=r"line 1: not a calibration row \(no splits\)"):
         table.read_rows([str(f)])
-    with pytest.raises(SystemExit, match="cannot read it"):
+    with pytest.raises(UserError, match="cannot read it"):
         table.read_rows([str(tmp_path / "none.jsonl")])
     assert len(table.read_rows([str(ROOT / "scripts" / "calibration_results.jsonl")])) >= 192
 
@@ -171,9 +231,9 @@ def test_calibration_rows_are_read_with_the_file_and_line_named(tmp_path):
 def test_calibration_compare_refuses_unlike_sides():
     table = load_calibrate("calibration_table")
     results = [str(ROOT / "scripts" / "calibration_results.jsonl")]
-    with pytest.raises(SystemExit, match=r"\(lego_cyclic\) and L28.* \(dijkstra\) are different tasks"):
+    with pytest.raises(UserError, match=r"\(lego_cyclic\) and L28.* \(dijkstra\) are different tasks"):
         table.compare(results, "l89", "L28")
-    with pytest.raises(SystemExit, match="name the same profile"):
+    with pytest.raises(UserError, match="name the same profile"):
         table.compare(results, "L28", "L28")
     assert "A - B" in table.compare(results, "l89", "l99")
 

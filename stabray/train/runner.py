@@ -24,6 +24,7 @@ from typing import Any
 
 from stabray.config import TrialConfig, parse_trial_config
 from stabray.errors import UserError
+from stabray.errors import one_line as _one_line
 from stabray.record import STABILITY_TABLE
 from stabray.registry import Registry
 
@@ -240,7 +241,8 @@ def read_state(path: str | Path, map_location: Any = "cpu") -> tuple[dict, list[
 
 
 def one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300]
+    """An exception's message on one line, cut at 300 characters (a damaged file's error can quote it)."""
+    return _one_line(e)[:300]
 
 
 def _read_json(f: Path) -> Any:
