@@ -499,6 +499,7 @@ def main() -> None:
         "wall_min": round((time.perf_counter() - t0) / 60, 2),
         "cpu_min": round((time.process_time() - c0) / 60, 2),
         "overrides": args.set,
+        **({"from_profile": args.profile} if args.label else {}),  # the profile a --label row ran
         "config": cfg,
         "epochs": epochs,
         "final": final,

@@ -31,6 +31,9 @@ import yaml
 
 from stabray.errors import UserError, run_script
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # the sibling script (profile_config), also when imported
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 PROFILES = Path(__file__).with_name("calibration_profiles.yaml")
 BEGIN = "<!-- calibration-table: begin"
 END = "<!-- calibration-table: end -->"
@@ -41,13 +44,43 @@ def compact(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
 
 
-def settings(name: str, profiles: dict) -> str:
-    """What a profile changes against its parent, as in scripts/calibration_profiles.yaml."""
-    entry = profiles.get(name) or {}
-    if entry.get("not_shipped"):
-        return f"{entry.get('parent')} + prototype-only option"
-    sets = ", ".join(f"{k}={compact(v)}" for k, v in (entry.get("set") or {}).items())
-    return f"{entry['parent']} + {sets}" if entry.get("parent") else "the base"
+def settings(row: dict, doc: dict) -> str:
+    """What a row's profile changes against its parent, as in scripts/calibration_profiles.yaml (`doc`),
+    then the row's `--set` overrides that give a field another value than the profile does (calibrate.py
+    records them; some older rows repeat a profile's own fields). A row named with `--label` is
+    read under the profile it ran (`from_profile`); a name that is no profile is said to be one."""
+    from calibrate import profile_config
+
+    name = row.get("from_profile", row["profile"])
+    entry = doc["profiles"].get(name)
+    if name not in doc["profiles"]:
+        text = "not a profile of calibration_profiles.yaml"
+    elif (entry or {}).get("not_shipped"):
+        text = f"{entry.get('parent')} + prototype-only option"
+    elif (entry or {}).get("parent"):
+        text = f"{entry['parent']} + " + ", ".join(f"{k}={compact(v)}" for k, v in (entry.get("set") or {}).items())
+    else:
+        text = "the base"
+    if "from_profile" in row:
+        text = f"profile {name}: {text}"
+    if name in doc["profiles"] and not (entry or {}).get("not_shipped"):
+        base = profile_config(name, doc)
+        last = dict(item.split("=", 1) for item in row.get("overrides") or [])  # the last --set of a key wins
+        own = [f"{k}={v}" for k, v in last.items() if differs(base, k, v)]
+        if own:
+            text += "; --set " + ", ".join(own)
+    return text
+
+
+def differs(config: dict, key: str, value: str) -> bool:
+    """Whether `--set key=value` gives the field another value than `config` holds."""
+    from stabray.config import get_path
+
+    missing = object()
+    try:
+        return yaml.safe_load(value) != get_path(config, key, missing)
+    except yaml.YAMLError:
+        return True
 
 
 def cell(split: dict | None) -> str:
@@ -108,7 +141,7 @@ def table(files: list[str]) -> str:
     """The per-trial table and the seed means of `files` (JSON lines), as Markdown."""
     lines: list[str] = []
     emit = lines.append
-    profiles = yaml.safe_load(PROFILES.read_text())["profiles"]
+    doc = yaml.safe_load(PROFILES.read_text())
     rows = read_rows(files)
     emit(
         "| # | profile | seed | task | settings (changes vs parent) | train sizes | in-dist acc (rule) "
@@ -123,7 +156,7 @@ def table(files: list[str]) -> str:
         long_sizes = ",".join(str(splits[s]["sizes"][0]) for s in longs)
         cpu = f"{r['cpu_min']:.2f}" if r.get("cpu_min") else "-"
         emit(
-            f"| {i} | {r['profile']} | {r['seed']} | {r['task']} | {settings(r['profile'], profiles)} | {train} | "
+            f"| {i} | {r['profile']} | {r['seed']} | {r['task']} | {settings(r, doc)} | {train} | "
             f"{cell(splits['test'])} | {long_sizes} | {cell(splits.get(longs[0]))} | "
             f"{cell(splits.get(longs[1]) if len(longs) > 1 else None)} | {cpu} | {r['wall_min']:.2f} | "
             f"{r['source']} |"

@@ -119,4 +119,7 @@ def test_calibrate_save_refuses_a_file_before_training(tmp_path, monkeypatch, ca
         str(tmp_path / "f"),
     ]
     monkeypatch.setattr("sys.argv", argv)
-    assert exit_code(calibrate.main) == 2 and "--save " + str(tmp_path / "f") + ": a file is there" in capsys.readouterr().err
+    assert (
+        exit_code(calibrate.main) == 2
+        and "--save " + str(tmp_path / "f") + ": a file is there" in capsys.readouterr().err
+    )

@@ -44,7 +44,9 @@ def test_scripts_exit_2_with_one_line_on_bad_input(tmp_path, argv, words):
     import sys
 
     cmd = [sys.executable, *(a.format(t=tmp_path) for a in argv)]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": "."})
+    p = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": "."}
+    )
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1 and words.format(t=tmp_path) in err[0], (p.returncode, p.stderr)
 
@@ -149,7 +151,10 @@ def test_benchmark_arguments_are_checked_before_measuring(tmp_path):
         ([L89, "--out", "{t}/r.jsonl", "--eval-strides", ","], "no stride given"),
         ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs"], "expected KEY=VALUE"),
         ([L89, "--out", "{t}/r.jsonl", "--set", "train.epochs=[1"], "not a YAML value"),
-        (["l89", "--out", "{t}/r.jsonl", "--set", "train.epoch=3"], "error: --set train.epoch=3: train.epoch: unknown key"),
+        (
+            ["l89", "--out", "{t}/r.jsonl", "--set", "train.epoch=3"],
+            "error: --set train.epoch=3: train.epoch: unknown key",
+        ),
     ],
 )
 def test_calibrate_refuses_before_training(tmp_path, monkeypatch, capsys, argv, why):
@@ -252,3 +257,24 @@ def test_early_sign_names_the_tracked_epochs(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["early_sign.py"])
     sign.main()
     assert "rows 165-180 (the threshold was read on these): 16 runs" in capsys.readouterr().out
+
+
+def test_calibration_table_settings_show_a_label_rows_profile_and_its_own_overrides():
+    """The settings column: a --label row is read under the profile it ran, a --set that changes a
+    field is listed, one that repeats the profile's value is not (older rows record the profile's
+    own fields as overrides), and a name that is no profile says so."""
+    import yaml
+
+    table = load_calibrate("calibration_table")
+    doc = yaml.safe_load((ROOT / "scripts" / "calibration_profiles.yaml").read_text())
+    own = table.settings({"profile": L89}, doc)
+    assert own.startswith("l87_") and "trace: delta_op" in own and "--set" not in own
+    cases = [
+        ({"profile": L89, "overrides": ["train.lr=1.0e-3", "train.lr=0.002"]}, own + "; --set train.lr=0.002"),
+        ({"profile": L89, "overrides": ["train.lr=0.002", "train.lr=1.0e-3"]}, own),  # the last one wins
+        ({"profile": L89, "overrides": ["model.init_std=0.1"]}, own),  # l89's own value
+        ({"profile": "mine", "from_profile": L89, "overrides": []}, f"profile {L89}: {own}"),
+        ({"profile": "mine"}, "not a profile of calibration_profiles.yaml"),
+    ]
+    for row, want in cases:
+        assert table.settings(row, doc) == want, row
