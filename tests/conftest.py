@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 import torch
@@ -84,3 +85,15 @@ def s3(monkeypatch):
         yield SimpleNamespace(endpoint=endpoint, bucket=bucket, env=env, client=client)
     finally:
         server.stop()
+
+
+def scored_by_hand(examples, predictions) -> float:
+    """The share of `predictions` (generated answers, in the examples' order) whose text after the
+    last '|' is the example's final answer, token for token (whitespace-split, brackets apart): the
+    reference a reported accuracy must equal."""
+
+    def tokens(text: str) -> list[str]:  # decimals, integers, words, and each other mark on its own
+        return re.findall(r"\d+\.\d+|\d+|[A-Za-z_]+|[^\s\w]", text)
+
+    assert len(predictions) == len(examples)
+    return sum(tokens(p.rsplit("|", 1)[-1]) == tokens(e.final) for e, p in zip(examples, predictions)) / len(examples)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import scored_by_hand
 from torch import nn
 
 from stabray.data.encode import collate
@@ -86,7 +87,7 @@ def test_method_trains_evaluates_and_repeats(name, cache_dir):
     assert np.all(np.isfinite(losses)) and np.isfinite(after)
     assert after < before - 0.1, (before, after, losses)
     res = run.evaluate("val")
-    assert 0.0 <= res.acc <= 1.0 and len(res.predictions) == 8
+    assert res.acc == scored_by_hand(run.data["val"], res.predictions) and len(res.predictions) == 8
     assert sum(bool(extract_final(p)) for p in res.predictions) >= 4, res.predictions
     again = TrialRun(config(cache_dir, name))  # same seed: the same first epoch, bit for bit
     assert again.trainer.train_epoch()["train_loss"] == losses[0]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import scored_by_hand
 
 from stabray.data.tokenizer import build_tokenizer
 from stabray.errors import UserError
@@ -161,7 +162,10 @@ def test_mtp_trial_trains_and_checkpoints(cache_dir, tmp_path):
     ms = [run.epoch() for _ in range(4)]
     losses = [m["train_loss"] for m in ms]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-    assert np.isfinite(ms[-1]["val_eaf"]) and 0.0 <= ms[-1]["val_acc"] <= 1.0
+    val = run.evaluate("val")
+    assert np.isfinite(ms[-1]["val_eaf"]) and ms[-1]["val_acc"] == val.acc == scored_by_hand(
+        run.data["val"], val.predictions
+    )
     run.save(tmp_path / "ck")
     back = load_run(tmp_path / "ck")
     for a, b in zip(run.model.mtp_heads.parameters(), back.model.mtp_heads.parameters()):

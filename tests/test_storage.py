@@ -4,6 +4,7 @@ that remembers its running trials, and MLflow runs of trials Ray lost with a kil
 
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -46,16 +47,15 @@ def test_missing_bucket_fails_before_anything_starts(s3):
         open_storage("s3://no-such-bucket-21/runs")
 
 
-def make_searcher(db):
+def make_searcher(db, n_startup_trials: int = 10):
     import optuna
     from ray import tune
 
     from stabray.tune.search import DurableOptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    s = DurableOptunaSearch(
-        db=db, metric="val_acc", mode="max", sampler=optuna.samplers.TPESampler(seed=0), study_name="sweep-1"
-    )
+    sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=n_startup_trials)
+    s = DurableOptunaSearch(db=db, metric="val_acc", mode="max", sampler=sampler, study_name="sweep-1")
     space = {"train": {"lr": tune.loguniform(1e-4, 1e-2)}, "method": {"bits": tune.choice([2, 4, 32])}}
     return s, space
 
@@ -114,6 +114,34 @@ def test_optuna_study_survives_losing_its_sqlite_file(tmp_path):
         (3, "RUNNING", None),
     ]
     assert r._ot_study.trials[2].intermediate_values == {1: 0.1, 2: 0.3}
+
+
+def test_restored_searcher_suggests_what_an_uninterrupted_one_does(tmp_path):
+    """TPE past its random start-up trials suggests from the study's history: a searcher restored from
+    its checkpoint alone (every local file gone) goes on to suggest the same four configurations as
+    one that was never interrupted. The control: the same restore with one result changed suggests
+    other ones, so the comparison sees the history."""
+
+    def sweep(db, ckpt=None):
+        s, space = make_searcher(db, n_startup_trials=2)
+        s.set_search_properties("val_acc", "max", space)
+        run_trials(s, space, ["t0", "t1", "t2"], done={"t0", "t1"})
+        if ckpt is None:
+            return s
+        s.save(str(ckpt))
+        shutil.rmtree(Path(db).parent)  # the driver's disk is gone
+        return restored(db, space, ckpt)
+
+    def go_on(s, last: float):
+        s.on_trial_result("t2", {"val_acc": 0.3, "training_iteration": 2})
+        s.on_trial_complete("t2", {"val_acc": last, "training_iteration": 3})
+        return [s.suggest(f"t{k}") for k in range(3, 7)]
+
+    straight = go_on(sweep(tmp_path / "u" / "optuna.db"), 0.4)
+    ckpt = tmp_path / "searcher-state.pkl"
+    assert go_on(sweep(tmp_path / "r" / "optuna.db", ckpt), 0.4) == straight
+    other = go_on(sweep(tmp_path / "c" / "optuna.db", ckpt), -1.0)
+    assert all(a != b for a, b in zip(other, straight))
 
 
 def test_optuna_study_keeps_a_newer_sqlite_file_and_fails_its_orphans(tmp_path):

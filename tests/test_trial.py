@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import scored_by_hand
 
 from stabray.config import parse_trial_config
 from stabray.errors import UserError
@@ -41,10 +42,13 @@ def test_trial_trains_and_evaluates(cache_dir):
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     final = run.final()
     assert set(final) >= {"test_acc", "test_long_acc", "test_loss_gap"}
-    assert 0.0 <= final["test_acc"] <= 1.0 and np.isfinite(final["test_loss_gap"])
-    # every prediction is text the task can score (may be wrong, must not crash)
+    assert np.isfinite(final["test_loss_gap"])
+    test = run.evaluate("test")  # greedy: the same answers final() scored
+    assert final["test_acc"] == test.acc == scored_by_hand(run.data["test"], test.predictions)
     res = run.evaluate("val")
-    assert res.n == 16 and len(res.predictions) == 16
+    assert res.n == 16 and res.acc == scored_by_hand(run.data["val"], res.predictions)
+    gold = [f"{' '.join(e.steps)} | {e.final}" for e in run.data["val"]]  # the reference's control
+    assert scored_by_hand(run.data["val"], gold) == 1.0 and scored_by_hand(run.data["val"], gold[1:] + gold[:1]) < 1
 
 
 def test_checkpoint_resume_equals_straight_through(cache_dir, tmp_path):
