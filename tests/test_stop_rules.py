@@ -128,9 +128,11 @@ def test_a_departure_rule_validates_for_a_method_that_writes_the_whole_chain():
     assert spec.search.stop_if[0].describe() == "val_departure_tok3 >= 0.5 at epoch 2"
 
 
-def test_a_tiny_sweep_ends_every_trial_at_the_rules_epoch(tmp_path, monkeypatch, capsys):
-    """Mini model, 3 epochs, 2 trials, a rule every trial meets at epoch 2: both end STOPPED there,
-    tagged stop_if, with the rule and the value in their description and the rule in the parent's."""
+def test_a_tiny_sweep_stops_the_trial_that_meets_the_rule_and_runs_the_other(tmp_path, monkeypatch, capsys):
+    """Mini model, 3 epochs, two trials a grid apart in lr (1e-5: the loss barely moves; 1e-2: it falls),
+    a rule on the epoch-2 training loss between them: the slow one ends STOPPED at epoch 2, tagged
+    stop_if, with the rule and its value in the description; the other runs its 3 epochs and is tested.
+    The rule is in the parent's description."""
     from mlflow import MlflowClient
     from test_pareto import write_spec
 
@@ -139,35 +141,38 @@ def test_a_tiny_sweep_ends_every_trial_at_the_rules_epoch(tmp_path, monkeypatch,
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    search = {"num_samples": 1, "scheduler": "fifo", "searcher": "grid"}
+    search["space"] = {"lam": None, "bits": None, "lr": {"choice": [1.0e-5, 1.0e-2]}}
+    search["stop_if"] = [{"metric": "train_loss", "epoch": 2, "when": ">= 4.0"}]
     path = write_spec(
-        tmp_path,
-        {"num_samples": 2, "scheduler": "fifo", "stop_if": [{"metric": "val_acc", "epoch": 2, "when": ">= 0"}]},
-        model={"preset": "mini"},
-        train={"epochs": 3, "batch_size": 16, "warmup_steps": 1},
+        tmp_path, search, model={"preset": "mini"}, train={"epochs": 3, "batch_size": 16, "warmup_steps": 1}
     )
     assert main(["sweep", str(path), "--tracking-uri", uri, "--storage", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
-    assert "2 trials (0 failed), 0 finished, 2 stopped early" in out
-    assert out.count("stopped by a search.stop_if rule at epoch 2") == 2
+    assert "2 trials (0 failed), 1 finished, 1 stopped early" in out
+    assert out.count("stopped by a search.stop_if rule at epoch 2") == 1
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("mini")
     runs = client.search_runs([exp.experiment_id])
-    trials = [r for r in runs if r.data.tags.get("stabray.role") == "trial"]
-    assert len(trials) == 2
-    for r in trials:
-        t = r.data.tags
-        tags = (t["stabray.status"], t["stabray.stopped_by"], t["stabray.stopped_at_epoch"])
-        assert tags == ("STOPPED", "stop_if", "2")
-        acc = client.get_metric_history(r.info.run_id, "val_acc")
-        assert sorted(m.step for m in acc) == [1, 2] and "test_acc" not in r.data.metrics
-        assert f"val_acc = {acc[-1].value:.4g} at epoch 2, rule >= 0" in t["mlflow.note.content"]
+    trials = {float(r.data.params["lr"]): r for r in runs if r.data.tags.get("stabray.role") == "trial"}
+    assert sorted(trials) == [1.0e-5, 1.0e-2]
+    loss = {lr: client.get_metric_history(r.info.run_id, "train_loss") for lr, r in trials.items()}
+    slow, fast = trials[1.0e-5], trials[1.0e-2]
+    at2 = {lr: next(m.value for m in h if m.step == 2) for lr, h in loss.items()}
+    assert at2[1.0e-5] >= 4.0 > at2[1.0e-2], at2  # the rule, on the logged values (4.99, 2.61)
+    t = slow.data.tags
+    assert (t["stabray.status"], t["stabray.stopped_by"], t["stabray.stopped_at_epoch"]) == ("STOPPED", "stop_if", "2")
+    assert sorted(m.step for m in loss[1.0e-5]) == [1, 2] and "test_acc" not in slow.data.metrics
+    assert f"train_loss = {at2[1.0e-5]:.4g} at epoch 2, rule >= 4" in t["mlflow.note.content"]
+    assert fast.info.status == "FINISHED" and "stabray.stopped_by" not in fast.data.tags
+    assert sorted(m.step for m in loss[1.0e-2]) == [1, 2, 3] and "test_acc" in fast.data.metrics
     from analysis.load import load_mlflow
     from analysis.report import stopped_section
 
-    frame = load_mlflow("mini", uri, stability=False).trials  # what trials.csv is made of
-    assert frame["stopped_by"].to_list() == ["stop_if", "stop_if"] and frame["status"].to_list() == ["STOPPED"] * 2
-    assert "\n".join(stopped_section(frame)).count("stopped by a search.stop_if rule after epoch 2") == 2
+    frame = load_mlflow("mini", uri, stability=False).trials.sort("lr")  # what trials.csv is made of
+    assert frame["stopped_by"].to_list() == ["stop_if", None] and frame["status"].to_list() == ["STOPPED", "FINISHED"]
+    assert "\n".join(stopped_section(frame)).count("stopped by a search.stop_if rule after epoch 2") == 1
     parent = next(r for r in runs if r.data.tags.get("stabray.role") == "sweep")
-    assert parent.data.params["stop_if"] == "val_acc >= 0 at epoch 2"
-    assert "search.stop_if stops a trial when val_acc >= 0 at epoch 2" in parent.data.tags["mlflow.note.content"]
+    assert parent.data.params["stop_if"] == "train_loss >= 4 at epoch 2"
+    assert "search.stop_if stops a trial when train_loss >= 4 at epoch 2" in parent.data.tags["mlflow.note.content"]
