@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -62,7 +63,7 @@ def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def refuse(problem: str) -> None:
+def refuse(problem: str) -> NoReturn:
     """Bad input: `error: ab_revisions: <problem>` on one line, exit 2 (as stabray's commands; this
     script does not import stabray, whose copy each measured side brings)."""
     print(f"error: ab_revisions: {problem}", file=sys.stderr)

@@ -71,7 +71,7 @@ def render(summary: dict) -> str:
 
 def replace(readme: str, table: str) -> str:
     if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"the README has no table markers ({BEGIN!r} ... {END!r})")
+        raise ValueError(f"no table markers ({BEGIN!r} ... {END!r})")
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{table}\n{END}{tail}"
@@ -84,13 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--write", metavar="README", help="replace the table in this file")
     g.add_argument("--check", metavar="README", help="exit 1 when this file's table differs")
     args = p.parse_args(argv)
-    table = render(json.loads(Path(args.summary).read_text()))
+    try:  # bad input is one line, exit 2 (argparse's error); exit 1 is --check's "differs"
+        summary = json.loads(Path(args.summary).read_text())
+        table = render(summary)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        p.error(f"{args.summary}: not a readable run_all summary ({type(e).__name__}: {e})")
+    readme = args.write or args.check
+    try:
+        text = Path(readme).read_text() if readme else ""
+        new = replace(text, table) if readme else ""
+    except (OSError, ValueError) as e:
+        p.error(f"{readme}: {e}")
     if args.write:
-        path = Path(args.write)
-        path.write_text(replace(path.read_text(), table))
+        Path(args.write).write_text(new)
     elif args.check:
-        text = Path(args.check).read_text()
-        if replace(text, table) != text:
+        if new != text:
             print(f"{args.check}: the performance table differs from {args.summary}; run with --write", file=sys.stderr)
             return 1
     else:

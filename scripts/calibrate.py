@@ -304,19 +304,33 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
     return strides, sets
 
 
-def check_config(cfg: dict, profile: str, sets: list[tuple[str, str]]) -> None:
-    """The profile's trial config with the --set overrides, validated before any data or model is built.
-    A problem in a field that a --set wrote (or one below it) is named by that --set; any other, by the
-    profile."""
+def check_config(cfg: dict, profile: str, sets: list[tuple[str, str]], base: dict | None = None) -> None:
+    """The profile's trial config with the --set overrides (`cfg`), validated before any data or model
+    is built. When the profile's own config (`base`, before the overrides) passes, the overrides caused
+    the problem: it is named by the --set that wrote the field (or one above or below it: a check across
+    two fields names their section), else by all of them; otherwise by the profile."""
     from stabray.config import parse_trial_config
 
     try:
         parse_trial_config(cfg)
     except UserError as e:
         problem = str(e).removeprefix("trial config: ")
-        field = problem.split(":", 1)[0]
-        by = next((f"--set {k}={v}" for k, v in reversed(sets) if field == k or field.startswith(k + ".")), None)
-        raise UserError(f"{by}: {problem}" if by else f"profile {profile}: {problem}") from None
+        if not sets or base is not None and passes(base):
+            field = problem.split(":", 1)[0]
+            near = [(k, v) for k, v in sets if field == k or field.startswith(k + ".") or k.startswith(field + ".")]
+            named = ", ".join(f"--set {k}={v}" for k, v in (near[-1:] or sets))
+            raise UserError(f"{named}: {problem}" if sets else f"profile {profile}: {problem}") from None
+        raise UserError(f"profile {profile}: {problem}") from None
+
+
+def passes(cfg: dict) -> bool:
+    from stabray.config import parse_trial_config
+
+    try:
+        parse_trial_config(cfg)
+    except UserError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -375,6 +389,7 @@ def main() -> None:
     profiles = yaml.safe_load(PROFILES.read_text())
     args.profile = full_name(args.profile, profiles)
     cfg = profile_config(args.profile, profiles)
+    base = copy.deepcopy({**cfg, "seed": args.seed, "cache_dir": args.cache_dir})
     for k, v in sets:
         try:
             set_path(cfg, k, yaml.safe_load(v))
@@ -382,7 +397,7 @@ def main() -> None:
             ap.error(f"--set {k}={v}: not a YAML value ({str(e).splitlines()[0]})")
     cfg["seed"] = args.seed
     cfg["cache_dir"] = args.cache_dir
-    check_config(cfg, args.profile, sets)
+    check_config(cfg, args.profile, sets, base)
     if args.eval_strides and cfg.get("model", {}).get("positions") != "random":  # checked before training
         raise UserError(f"--eval-strides needs a profile with model.positions: random ({args.profile} has none)")
     if args.eval_strides and isinstance(cfg["model"].get("position_eval_stride"), list):

@@ -65,22 +65,32 @@ def settings(row: dict, doc: dict) -> str:
         text = f"profile {name}: {text}"
     if name in doc["profiles"] and not (entry or {}).get("not_shipped"):
         base = profile_config(name, doc)
-        last = dict(item.split("=", 1) for item in row.get("overrides") or [])  # the last --set of a key wins
-        own = [f"{k}={v}" for k, v in last.items() if differs(base, k, v)]
+        items = [str(item) for item in row.get("overrides") or []]
+        last = dict(item.split("=", 1) for item in items if "=" in item)  # the last --set of a key wins
+        own = [f"{k}={v}" for k, v in last.items() if differs(base, k, v)] + [i for i in items if "=" not in i]
         if own:
             text += "; --set " + ", ".join(own)
-    return text
+    return text.replace("|", "\\|")  # a Markdown cell
 
 
 def differs(config: dict, key: str, value: str) -> bool:
     """Whether `--set key=value` gives the field another value than `config` holds."""
     from stabray.config import get_path
 
-    missing = object()
+    def number(x):  # PyYAML reads 1e-3 as a string; the trial config reads it as 0.001
+        if isinstance(x, str):
+            try:
+                return float(x)
+            except ValueError:
+                return x
+        return x
+
     try:
-        return yaml.safe_load(value) != get_path(config, key, missing)
+        given = yaml.safe_load(value)
     except yaml.YAMLError:
         return True
+    held = get_path(config, key, missing := object())
+    return held is missing or number(given) != number(held)
 
 
 def cell(split: dict | None) -> str:

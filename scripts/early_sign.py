@@ -21,6 +21,8 @@ from pathlib import Path
 
 from scipy.stats import fisher_exact
 
+from stabray.errors import run_script
+
 FIT = 0.95  # validation accuracy that counts as fitting the training chains
 
 
@@ -131,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

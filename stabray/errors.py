@@ -21,8 +21,9 @@ class SpecError(UserError):
 
 
 def one_line(message: object) -> str:
-    """A message on one line: its lines' words joined by single spaces."""
-    return " ".join(str(message).split())
+    """A message on one line: its non-blank lines, stripped, joined by single spaces (spaces within a
+    line, as in a quoted path, are kept)."""
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
 def run_script(main: Callable[[], int | None]) -> int:

@@ -89,8 +89,10 @@ def s3(monkeypatch):
 
 def scored_by_hand(examples, predictions) -> float:
     """The share of `predictions` (generated answers, in the examples' order) whose text after the
-    last '|' is the example's final answer, token for token (whitespace-split, brackets apart): the
-    reference a reported accuracy must equal."""
+    last '|' is the example's final answer, token for token: the task's exact-match rule written out
+    again, so a reported accuracy that counts other predictions, or pairs them with other examples,
+    differs from it. Not independent of the rule itself; answers known to be right by construction
+    are tests/test_trial.py::test_reported_accuracy_counts_the_answers_that_are_right."""
 
     def tokens(text: str) -> list[str]:  # decimals, integers, words, and each other mark on its own
         return re.findall(r"\d+\.\d+|\d+|[A-Za-z_]+|[^\s\w]", text)

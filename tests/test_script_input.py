@@ -35,11 +35,15 @@ def exit_code(main) -> int:
         (["scripts/calibrate.py", "l89", "--set", "model.hiden=3", "--out", "{t}/r.jsonl"], "--set model.hiden=3:"),
         (["scripts/answer_probe.py", "{t}"], "error: {t}: not a stabray checkpoint (no state.pt)"),
         (["benchmarks/ab_revisions.py", "data", "--base", "no-such-rev"], "'no-such-rev' is not a git revision"),
+        (["scripts/early_sign.py", "{t}/none.jsonl"], "error: {t}/none.jsonl: cannot read it"),
+        (["benchmarks/readme_table.py", "README.md"], "README.md: not a readable run_all summary"),
+        (["benchmarks/readme_table.py", "benchmarks/results/summary.json", "--check", "{t}/R.md"], "{t}/R.md: "),
     ],
 )
 def test_scripts_exit_2_with_one_line_on_bad_input(tmp_path, argv, words):
-    """Run as a researcher runs them: bad input is `error: ...` on one line and exit code 2, as for
-    stabray's own commands (a failure that is not the input's, such as `ray start` failing, exits 1)."""
+    """Run as a researcher runs them: bad input is `error: ...` on one line (after argparse's usage line
+    where argparse reports it) and exit code 2, as for stabray's own commands; no traceback (a failure
+    that is not the input's, such as `ray start` failing, exits 1)."""
     import subprocess
     import sys
 
@@ -47,7 +51,7 @@ def test_scripts_exit_2_with_one_line_on_bad_input(tmp_path, argv, words):
     p = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": "."}
     )
-    err = p.stderr.strip().splitlines()
+    err = [line for line in p.stderr.strip().splitlines() if not line.startswith("usage: ")]
     assert p.returncode == 2 and len(err) == 1 and words.format(t=tmp_path) in err[0], (p.returncode, p.stderr)
 
 
@@ -184,30 +188,39 @@ def test_calibrate_control_an_existing_out_file_passes_the_checks(tmp_path, monk
 
 
 def test_calibrate_names_the_set_that_wrote_a_bad_field():
-    """A config problem is named by the --set that wrote the field (the last one, when two wrote it,
-    or one that wrote a mapping above it), else by the profile."""
+    """A config problem the --set overrides caused (the profile alone passes) is named by the --set
+    that wrote the field (the last one, when two wrote it; one above it; one below a section whose
+    check spans two fields), else by every --set; a problem of the profile's own, by the profile."""
+    import copy
+
     import yaml
 
     from stabray.config import set_path
 
     calibrate = load_calibrate("calibrate")
     profiles = yaml.safe_load((ROOT / "scripts" / "calibration_profiles.yaml").read_text())
+    clean = calibrate.profile_config(L89, profiles)
     cases = [
         ("model.hiden", 1, [], "profile p: model.hiden: unknown key"),
         ("model.hiden", 1, [("model", "{hiden: 1}")], "--set model={hiden: 1}: model.hiden: unknown key"),
         ("train.epochs", 0, [("train.epochs", "5"), ("train.epochs", "0")], "--set train.epochs=0: train.epochs"),
-        ("train.epochs", 0, [("train.epoch", "0")], "profile p: train.epochs"),  # a prefix of the name only
+        ("model.hidden_size", 130, [("model.hidden_size", "130")], "--set model.hidden_size=130: model: hidden_size"),
+        ("train.epochs", 0, [("seed", "1"), ("train.lr", "1")], "--set seed=1, --set train.lr=1: train.epochs"),
         ("train.epochs", 2, [("train.epochs", "2")], None),  # the control: valid
     ]
     for key, value, sets, words in cases:
-        cfg = calibrate.profile_config(L89, profiles)
+        cfg = copy.deepcopy(clean)
         set_path(cfg, key, value)
         if words is None:
-            calibrate.check_config(cfg, "p", sets)
+            calibrate.check_config(cfg, "p", sets, clean)
             continue
         with pytest.raises(UserError) as e:
-            calibrate.check_config(cfg, "p", sets)
+            calibrate.check_config(cfg, "p", sets, clean)
         assert str(e.value).startswith(words), (str(e.value), words)
+    broken = copy.deepcopy(clean)
+    set_path(broken, "model.hiden", 1)  # the profile's own problem, whatever the --set
+    with pytest.raises(UserError, match=r"^profile p: model.hiden: unknown key"):
+        calibrate.check_config(broken, "p", [("model.hiden", "1")], broken)
 
 
 def test_calibrate_takes_a_short_profile_name_and_records_the_full_one():
@@ -272,7 +285,9 @@ def test_calibration_table_settings_show_a_label_rows_profile_and_its_own_overri
     cases = [
         ({"profile": L89, "overrides": ["train.lr=1.0e-3", "train.lr=0.002"]}, own + "; --set train.lr=0.002"),
         ({"profile": L89, "overrides": ["train.lr=0.002", "train.lr=1.0e-3"]}, own),  # the last one wins
-        ({"profile": L89, "overrides": ["model.init_std=0.1"]}, own),  # l89's own value
+        ({"profile": L89, "overrides": ["model.init_std=0.1", "train.lr=1e-3"]}, own),  # l89's own values
+        ({"profile": L89, "overrides": ["train.lr=3e-3", "broken"]}, own + "; --set train.lr=3e-3, broken"),
+        ({"profile": L89, "overrides": ["task.name=a|b"]}, own + "; --set task.name=a\\|b"),  # a Markdown cell
         ({"profile": "mine", "from_profile": L89, "overrides": []}, f"profile {L89}: {own}"),
         ({"profile": "mine"}, "not a profile of calibration_profiles.yaml"),
     ]

@@ -51,6 +51,31 @@ def test_trial_trains_and_evaluates(cache_dir):
     assert scored_by_hand(run.data["val"], gold) == 1.0 and scored_by_hand(run.data["val"], gold[1:] + gold[:1]) < 1
 
 
+@pytest.mark.parametrize(
+    "method", [{"name": "alg1", "params": {"lam": 0.5, "bits": 2}}, {"name": "sft_cot", "params": {}}]
+)
+def test_reported_accuracy_counts_the_answers_that_are_right(cache_dir, monkeypatch, method):
+    """The accuracy of answers known by construction: generation replaced by the gold answer on every
+    other validation example and another example's final answer on the rest (its own chain kept),
+    so exactly half are right; for a method that writes the whole chain, every chain is right and the
+    chain score is 1. An untrained model scores 0 and could not tell a scorer that always says 0."""
+    import stabray.evaluate.metrics as metrics
+
+    run = TrialRun(tiny_config(cache_dir, method=method))
+    exs = run.data["val"]
+    answers, right = [], 0
+    for i, ex in enumerate(exs):
+        final = ex.final if i % 2 == 0 else next(e.final for e in exs if e.final != ex.final)
+        right += final == ex.final
+        enc = run.encoder.encode(run.method.eval_prompt(ex), run.method.eval_steps(ex), final)
+        answers.append(list(enc.input_ids[enc.prompt_len :]))
+    monkeypatch.setattr(metrics, "generate_per_input", lambda *a, **k: answers)
+    res = run.evaluate("val")
+    assert right == 8 and res.n == 16 and res.acc == 0.5
+    if method["name"] == "sft_cot":  # writes the whole chain (alg1 at lam 0.5 writes part of it)
+        assert res.steps_acc == 1.0
+
+
 def test_checkpoint_resume_equals_straight_through(cache_dir, tmp_path):
     straight = TrialRun(tiny_config(cache_dir))
     for _ in range(3):
