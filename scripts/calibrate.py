@@ -304,33 +304,29 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
     return strides, sets
 
 
-def check_config(cfg: dict, profile: str, sets: list[tuple[str, str]], base: dict | None = None) -> None:
+def check_config(cfg: dict, profile: str, sets: list[tuple[str, str]], base: dict) -> None:
     """The profile's trial config with the --set overrides (`cfg`), validated before any data or model
     is built. When the profile's own config (`base`, before the overrides) passes, the overrides caused
     the problem: it is named by the --set that wrote the field (or one above or below it: a check across
     two fields names their section), else by all of them; otherwise by the profile."""
+    if (problem := config_problem(cfg)) is None:
+        return
+    if not sets or config_problem(base) is not None:
+        raise UserError(f"profile {profile}: {problem}")
+    field = problem.split(":", 1)[0]
+    near = [(k, v) for k, v in sets if field == k or field.startswith(k + ".") or k.startswith(field + ".")]
+    raise UserError(", ".join(f"--set {k}={v}" for k, v in (near[-1:] or sets)) + f": {problem}")
+
+
+def config_problem(cfg: dict) -> str | None:
+    """What the trial config validation says is wrong with `cfg` (without its "trial config: "), or None."""
     from stabray.config import parse_trial_config
 
     try:
         parse_trial_config(cfg)
     except UserError as e:
-        problem = str(e).removeprefix("trial config: ")
-        if not sets or base is not None and passes(base):
-            field = problem.split(":", 1)[0]
-            near = [(k, v) for k, v in sets if field == k or field.startswith(k + ".") or k.startswith(field + ".")]
-            named = ", ".join(f"--set {k}={v}" for k, v in (near[-1:] or sets))
-            raise UserError(f"{named}: {problem}" if sets else f"profile {profile}: {problem}") from None
-        raise UserError(f"profile {profile}: {problem}") from None
-
-
-def passes(cfg: dict) -> bool:
-    from stabray.config import parse_trial_config
-
-    try:
-        parse_trial_config(cfg)
-    except UserError:
-        return False
-    return True
+        return str(e).removeprefix("trial config: ")
+    return None
 
 
 def main() -> None:
