@@ -79,11 +79,13 @@ METRICS: dict[str, Metric] = {
             "epoch",
             "error amplification factor sum_{i<T} rho_i^(T) at T = T_max on the first eval.eaf_examples validation "
             "examples, measured on the method's evaluation chain (eval.eaf_chain): gold = the steps the method "
-            "trains the model to write (Alg. 1 / MTP with lam < 1: the floor(lam T) steps of its compressed chain; "
-            "SFT-CoT: every step; Coconut: its latent slots, holding the model's own latents), generated = the "
-            "model's own greedy chain. Measured every eval.eaf_every epochs and at the last epoch (absent from "
-            "the epochs between). Not logged for No CoT and Implicit CoT, which answer without a chain (the sum "
-            "over steps is empty)",
+            "trains the model to write (Alg. 1 / MTP with lam < 1: the max(1, floor(lam T)) steps of its "
+            "compressed chain; SFT-CoT: every step; Coconut: its latent slots, holding the model's own latents), "
+            "generated = the model's own greedy chain. Measured every eval.eaf_every epochs and at the last epoch "
+            "(absent from the epochs between). Not logged for No CoT and Implicit CoT, which answer without a "
+            "chain, nor where none of the measured examples' chains has an intermediate step (T_max < 2: e.g. "
+            "Dijkstra at 3-4 nodes, where an answer can need no step, or a generated chain left empty): the sum "
+            "over steps is empty, not a measured 0",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
             better="min",
         ),

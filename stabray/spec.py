@@ -332,8 +332,12 @@ PARTIAL_OBJECTIVES = ("val_eaf", "steps_val_acc")
 def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = None) -> str | None:
     """Why a text trial would not report the per-epoch metric `metric` at every epoch (at `epoch` alone,
     when given: a search.stop_if rule), or None.
-    val_eaf: off (eval.eaf_examples 0), measured only every eval.eaf_every > 1 epochs, or a method that
-    answers without a chain (No CoT, Implicit CoT: the sum over steps is empty). steps_val_acc and
+    val_eaf: off (eval.eaf_examples 0), measured only every eval.eaf_every > 1 epochs, a method that
+    answers without a chain (No CoT, Implicit CoT: the sum over steps is empty), or measured on the
+    model's own chain (eval.eaf_chain: generated), which can have no step at an epoch (an empty sum: not
+    logged). On the gold chain a draw of eval.eaf_examples step-less examples would be absent too;
+    at the shipped 16 on Dijkstra's smallest graphs (about half answer without a step) that is about
+    one draw in 65,000, and is not checked. steps_val_acc and
     val_departure_tok<k>: a method whose evaluation chain is not each example's whole chain (No CoT,
     Implicit CoT, Coconut, Algorithm 1 or MTP at lam < 1), judged on a few examples of the task at each
     in-distribution size, as `stabray.evaluate.metrics.writes_whole_chain` judges the validation
@@ -361,6 +365,12 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
             return (
                 f"method {cfg.method.name!r} answers without a chain at evaluation, so its trials log no val_eaf "
                 "(the sum over steps is empty); optimise val_acc"
+            )
+        if cfg.eval.eaf_chain == "generated":
+            return (
+                "val_eaf on the model's own chain (eval.eaf_chain: generated) is not logged at an epoch where none "
+                "of the measured chains has a step (an untrained model's often have none: an empty sum, not a "
+                "measured 0), so a trial could report no value; set eval.eaf_chain: gold"
             )
         return None
     task = get_task(cfg.task.name, **cfg.task.params)

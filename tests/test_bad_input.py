@@ -107,6 +107,7 @@ CASES = [
     ("chain_objective_compressed", ["sweep", "dijkstra", "--set", "search.metric=steps_val_acc"], {}, ["search.space.lam", "value 0.1", "method 'alg1' does not write"]),
     ("eaf_objective_every_other_epoch", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--set", "eval.eaf_every=2"], {}, ["search.metric", "every eval.eaf_every = 2 epochs", "eval.eaf_every: 1"]),
     ("eaf_objective_without_a_chain", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--method", "no_cot"], {}, ["search.metric", "'no_cot' answers without a chain", "no val_eaf"]),
+    ("eaf_objective_on_the_generated_chain", ["sweep", "dijkstra", "--set", "search.metric=val_eaf", "--set", "search.mode=min", "--set", "eval.eaf_chain=generated"], {}, ["search.metric", "eval.eaf_chain: generated", "not a measured 0", "set eval.eaf_chain: gold"]),
     ("loss_maximised", ["sweep", "dijkstra", "--set", "search.metric=train_loss"], {}, ["--set search.metric=train_loss", "search.mode: max, but train_loss is better lower", "set search.mode: min"]),
     ("eaf_maximised_in_a_pareto_search", ["sweep", "dijkstra_pareto", "--set", "search.modes=[max, max]"], {}, ["--set search.modes=[max, max]", "search.modes.1: max, but val_eaf is better lower", "set search.modes: [max, min]"]),
     ("metric_beside_metrics", ["sweep", "dijkstra_pareto", "--set", "search.metric=val_eaf"], {}, ["--set search.metric=val_eaf", "metric 'val_eaf' with mode 'max' beside metrics", "which optimise it 'min'", "metrics: null, modes: null"]),

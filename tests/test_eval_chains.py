@@ -134,7 +134,11 @@ def test_encode_generated_round_trips_the_gold_layout(alg1_run):
             assert encode_generated(enc, x.question, gen) == gold
 
 
-def test_eaf_on_the_models_own_chain(alg1_run, cache_dir):
+def test_eaf_on_the_models_own_chain(alg1_run, cache_dir, monkeypatch):
+    """The EAF on the model's own greedy chain is the estimator's on those encodings. After one epoch
+    the model writes no step (an empty sum: the run logs no EAF, not a 0); with generation replaced by
+    the gold text on every other example (the rest answer with the final alone), chains with steps
+    are measured and the run's EAF is the estimator's on exactly those encodings."""
     cfg = config(cache_dir, "alg1", {"lam": 0.5, "bits": 2}, eaf_chain="generated")
     run = TrialRun(cfg)
     run.model.load_state_dict(alg1_run.model.state_dict())
@@ -143,7 +147,19 @@ def test_eaf_on_the_models_own_chain(alg1_run, cache_dir):
     enc = run.eval_encoded("val", 12, "generated")
     assert enc == [encode_generated(run.encoder, x.question, g) for x, g in zip(exs, gens)]
     assert [list(e.input_ids[e.prompt_len : -1]) for e in enc] == gens
-    assert run.eaf("val") == pytest.approx(estimate_eaf(run.model, enc, iters=3).eaf, rel=1e-6)
+    assert not any(e.step_spans for e in enc) and estimate_eaf(run.model, enc, iters=3).T == 1
+    assert run.eaf("val") is None
+
+    def gold(x, i):  # the gold layout as decoded (EOS removed); every other one without its steps
+        e = run.encoder.encode(x.question, x.steps if i % 2 == 0 else (), x.final)
+        return list(e.input_ids[e.prompt_len : -1])
+
+    written = [gold(x, i) for i, x in enumerate(exs)]
+    monkeypatch.setattr("stabray.train.run.generate_per_input", lambda *a, **k: written)
+    enc = run.eval_encoded("val", 12, "generated")
+    assert sum(bool(e.step_spans) for e in enc) == sum(bool(x.steps) for x in exs[::2]) > 0
+    ref = estimate_eaf(run.model, enc, iters=3).eaf
+    assert ref > 0 and run.eaf("val") == pytest.approx(ref, rel=1e-6)
 
 
 def test_lsq_steps_train_and_are_checkpointed(alg1_run, tmp_path):

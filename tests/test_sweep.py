@@ -436,6 +436,43 @@ def test_prewarm_caches_what_the_trials_read(tmp_path, monkeypatch):
     assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) == 1
 
 
+def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(tmp_path, monkeypatch):
+    """About half of 4-node Dijkstra questions answer without a step. Where the first eval.eaf_examples
+    validation examples all do, the per-epoch EAF is an empty sum no trial logs, so a search on it
+    (objective or stop rule) is refused by the driver's head start, naming the field and the count
+    that reaches the first example with a step; one example more, or a search on val_acc, goes on."""
+    from stabray.data.splits import make_splits
+    from stabray.spec import load_spec
+    from stabray.tasks import get_task
+    from stabray.tune.sweep import prewarm
+
+    monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
+    task = get_task("dijkstra", n_nodes=4, decimals=1)
+    sizes = {"train": 48, "val": 8, "test": 8}
+    for seed in range(40):
+        val = make_splits(task, sizes, seed, ("train", "val", "test", "test_long"))["val"]
+        k = next((i for i, e in enumerate(val) if e.steps), 0)
+        if k >= 2:  # opens with at least two step-less examples, and has one with a step
+            break
+    assert k >= 2, "no data seed under 40 opens its validation split with two step-less examples"
+
+    def problem(eaf_examples, search):
+        search = {"num_samples": 2, "max_concurrent": 2, **search}
+        p = write_spec(tmp_path, task={"data_seed": seed}, eval={"eaf_examples": eaf_examples}, search=search)
+        spec, _ = load_spec(str(p))
+        t = prewarm(spec, data=True)
+        t.join(timeout=120)
+        return t.problem
+
+    on_eaf = {"metric": "val_eaf", "mode": "min"}
+    got = problem(k, on_eaf)
+    assert f"search.metric: val_eaf is measured on the first {k} validation examples" in str(got)
+    assert f"raise eval.eaf_examples to {k + 1} or more" in str(got)
+    rule = {"stop_if": [{"metric": "val_eaf", "epoch": 1, "when": "> 100"}]}
+    assert str(problem(1, rule)).startswith("search.stop_if.0.metric: val_eaf is measured on the first 1 ")
+    assert problem(k + 1, on_eaf) is None and problem(k, {}) is None
+
+
 def test_spec_yaml_refuses_duplicate_keys_but_keeps_merge_keys():
     """A key given twice is an error naming both lines; `<<: *anchor` merges stay valid YAML, and a
     key after the merge overrides the merged one (YAML's rule, as yaml.safe_load reads it)."""

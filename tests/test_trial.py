@@ -218,6 +218,29 @@ def test_eaf_every_measures_every_kth_and_the_last_epoch(cache_dir):
     assert [h.get("val_eaf") is not None for h in run.history] == [False, True, True]
 
 
+def test_eaf_is_not_logged_where_no_measured_chain_has_a_step(cache_dir):
+    """At 4 nodes some Dijkstra answers need no step. Measured on only such examples the EAF is an
+    empty sum (the estimator's 0 at T_max = 1), which the run leaves out of val_eaf and test_eaf
+    rather than log as a perfectly stable 0; one example more, with a step, brings both back."""
+    from stabray.stability import estimate_eaf
+
+    run = TrialRun(tiny_config(cache_dir))
+    val, test = ([len(e.steps) for e in run.data[s]] for s in ("val", "test"))
+    k = next(i for i, n in enumerate(val) if n)  # the first validation example with a step
+    j = next(i for i, n in enumerate(test) if n)
+    assert min(k, j) >= 1, "the draw must open both splits with step-less examples"
+    n = min(k, j)
+    ev = {"eaf_examples": n, "eaf_iters": 2, "long_splits": ["test_long"]}
+    empty = TrialRun(tiny_config(cache_dir, eval=ev, train={"epochs": 1}))
+    m = empty.epoch()
+    res = estimate_eaf(empty.model, empty.eval_encoded("val", n), iters=2, method=empty.method)
+    assert res.T == 1 and res.eaf == 0.0  # what would have been logged
+    assert "val_eaf" not in m and "eaf_time_s" not in m and "test_eaf" not in empty.final()
+    more = TrialRun(tiny_config(cache_dir, eval={**ev, "eaf_examples": max(k, j) + 1}, train={"epochs": 1}))
+    m = more.epoch()
+    assert m["val_eaf"] > 0 and more.final()["test_eaf"] > 0
+
+
 def test_length_grouped_batches_cover_every_example_once_with_less_padding():
     from stabray.train.loop import length_grouped_batches
 

@@ -533,14 +533,49 @@ def local_trials(address: str | None) -> bool:
     return addr == "local" or (not addr and running_ray()[0] is None)
 
 
+def eaf_searched(spec: SweepSpec, searched: set[str]) -> str | None:
+    """The spec field that searches on or stops by `val_eaf` (an objective or a search.stop_if rule),
+    when the trials' validation split and eval.eaf_examples are the spec's own (not searched), else
+    None."""
+    s = spec.search
+    if "eval" in searched:
+        return None
+    if s.multi and "val_eaf" in (s.metrics or []):
+        return f"search.metrics.{s.metrics.index('val_eaf')}"
+    if not s.multi and s.metric == "val_eaf":
+        return "search.metric"
+    return next((f"search.stop_if.{i}.metric" for i, r in enumerate(s.stop_if) if r.metric == "val_eaf"), None)
+
+
+def empty_eaf_draw(field: str, val: list, n: int) -> UserError | None:
+    """Why a search on `val_eaf` (`field`) cannot get a value, or None: the per-epoch EAF is measured
+    on the first eval.eaf_examples = n validation examples, and where none of them has an intermediate
+    step (small Dijkstra graphs: about half answer without one) its sum over steps is empty, which a
+    trial leaves unlogged rather than report as a measured 0. The validation split is the same for
+    every trial of the sweep, so each would stop at its first result (Ray's strict metric check)."""
+    if any(e.steps for e in val[:n]):
+        return None
+    first = next((i for i, e in enumerate(val) if e.steps), None)
+    fix = (
+        f"raise eval.eaf_examples to {first + 1} or more (validation example {first + 1} is the first with a step)"
+        if first is not None
+        else "no validation example has a step; search on val_acc"
+    )
+    return UserError(
+        f"{field}: val_eaf is measured on the first {n} validation examples (eval.eaf_examples), and none of "
+        f"them has an intermediate step, so the EAF is an empty sum that no trial logs; {fix}"
+    )
+
+
 def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
     """Work the driver does anyway, in a thread while Ray starts (`ray.init` mostly waits for Ray's
     processes): with `data` (the trials run on this machine), the trials' dataset generated and cached
     once here when it is not cached yet, rather than by the first trials side by side; then the
     imports for closing trials (figures, tables; Optuna's). A dataset the task cannot give (more
-    examples asked for than it has distinct questions) is kept as the thread's `problem`, which the
-    driver raises before it opens any MLflow run or starts a trial; any other failure is left for the
-    trials to meet and report."""
+    examples asked for than it has distinct questions), or a search on the per-epoch EAF whose
+    measured validation examples all answer without a step (`empty_eaf_draw`), is kept as the
+    thread's `problem`, which the driver raises before it opens any MLflow run or starts a trial; any
+    other failure is left for the trials to meet and report."""
 
     def work():
         try:
@@ -550,11 +585,15 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
                 from stabray.train.run import read_splits, splits_cached
 
                 trial = parse_trial_config(spec.trial_base())
-                if not splits_cached(trial):  # a cached one the trials read (and check) themselves
+                eaf = eaf_searched(spec, searched)
+                if eaf or not splits_cached(trial):  # a cached one the trials read (and check) themselves
                     try:
-                        read_splits(trial)
+                        splits = read_splits(trial)
                     except UserError as e:  # every trial would fail the same way
                         t.problem = e
+                        return
+                    t.problem = empty_eaf_draw(eaf, splits["val"], trial.eval.eaf_examples) if eaf else None
+                    if t.problem is not None:
                         return
             if spec.search.searcher == "optuna":
                 import optuna  # noqa: F401
