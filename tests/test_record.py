@@ -120,11 +120,11 @@ def test_every_key_a_text_trial_reports_is_declared(tmp_path):
 
     run = make_run(
         {
-            "task": {"name": "dijkstra", "params": {"n_nodes": 4}, "train_size": 16, "val_size": 4, "test_size": 4},
+            "task": {"name": "dijkstra", "params": {"n_nodes": 4}, "train_size": 16, "val_size": 8, "test_size": 8},
             "model": {"preset": "tiny"},
             "method": {"name": "alg1", "params": {"lam": 0.5}},
             "train": {"epochs": 1, "batch_size": 8, "warmup_steps": 1},
-            "eval": {"eaf_examples": 2, "eaf_iters": 2, "decomposition_examples": 2, "weight_noise_seeds": 1},
+            "eval": {"eaf_examples": 8, "eaf_iters": 2, "decomposition_examples": 2, "weight_noise_seeds": 1},
             "device": "cpu",
             "cache_dir": str(tmp_path),
         }
