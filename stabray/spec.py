@@ -335,9 +335,9 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
     val_eaf: off (eval.eaf_examples 0), measured only every eval.eaf_every > 1 epochs, a method that
     answers without a chain (No CoT, Implicit CoT: the sum over steps is empty), or measured on the
     model's own chain (eval.eaf_chain: generated), which can have no step at an epoch (an empty sum: not
-    logged). On the gold chain a draw of eval.eaf_examples step-less examples would be absent too;
-    at the shipped 16 on Dijkstra's smallest graphs (about half answer without a step) that is about
-    one draw in 65,000, and is not checked. steps_val_acc and
+    logged). On the gold chain a validation split whose first eval.eaf_examples examples all answer
+    without a step would report none either; the sweep's driver checks that on the data when the
+    trials run on its machine (`stabray.tune.sweep.empty_eaf_draw`), not here. steps_val_acc and
     val_departure_tok<k>: a method whose evaluation chain is not each example's whole chain (No CoT,
     Implicit CoT, Coconut, Algorithm 1 or MTP at lam < 1), judged on a few examples of the task at each
     in-distribution size, as `stabray.evaluate.metrics.writes_whole_chain` judges the validation
@@ -645,8 +645,11 @@ def validate_semantics(spec: SweepSpec, path: Path) -> None:
             )
     objectives = list(s.metrics or []) if s.multi else [s.metric]
     for i, metric in enumerate(objectives):
+        field = f"search.metrics.{i}" if s.multi else "search.metric"
         if runner == "text" and metric in PARTIAL_OBJECTIVES:
-            _check_objective(spec, base, points, where, f"search.metrics.{i}" if s.multi else "search.metric", metric)
+            _check_objective(spec, base, points, where, field, metric)
+        if runner == "icl" and metric == "val_eaf":
+            _check_icl_eaf(spec, points, where, field)
     if s.eaf_stop is not None and spec.eval.eaf_examples == 0:
         raise SpecError(where, "search.eaf_stop", "needs the per-epoch EAF, but eval.eaf_examples is 0")
     if s.eaf_stop is not None and s.eaf_stop.min_trials > s.n_trials:
@@ -683,3 +686,22 @@ def _check_stop_rule(spec, base, points, where: str, field: str, rule, runner: s
         )
     if runner == "text" and (rule.metric in PARTIAL_OBJECTIVES or departure):
         _check_objective(spec, base, points, where, f"{field}.metric", rule.metric, rule.epoch)
+    if runner == "icl" and rule.metric == "val_eaf":
+        _check_icl_eaf(spec, points, where, f"{field}.metric")
+
+
+def _check_icl_eaf(spec, points: dict[str, list[Any]], where: str, field: str) -> None:
+    """A SpecError when an in-context GD trial of the search runs chains of one step (T_max 1): its EAF
+    is an empty sum, which it does not log, so it could not report `val_eaf`."""
+    from stabray.tasks import get_task
+
+    task = spec.task
+    values = [get_task(task.name, **task.params).params.T_max]
+    values += [v for k, vs in points.items() if space_path(k) == "task.params.T_max" for v in vs]
+    if min(values) < 2:
+        raise SpecError(
+            where,
+            field,
+            "val_eaf sums over the intermediate steps, and a trial at task.params.T_max 1 has none (an empty "
+            "sum, not logged), so it would report no value; train at T_max 2 or more, or optimise val_acc",
+        )

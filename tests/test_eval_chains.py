@@ -135,10 +135,11 @@ def test_encode_generated_round_trips_the_gold_layout(alg1_run):
 
 
 def test_eaf_on_the_models_own_chain(alg1_run, cache_dir, monkeypatch):
-    """The EAF on the model's own greedy chain is the estimator's on those encodings. After one epoch
-    the model writes no step (an empty sum: the run logs no EAF, not a 0); with generation replaced by
-    the gold text on every other example (the rest answer with the final alone), chains with steps
-    are measured and the run's EAF is the estimator's on exactly those encodings."""
+    """The EAF on the model's own greedy chain is the estimator's on those encodings. Its generation is
+    then replaced by texts known by construction: answers without steps, and chains with steps but
+    an empty final answer, give sums without a term (the run logs no EAF, not a 0); the gold text on
+    every other example (the rest answer with the final alone) gives chains with steps, measured, and
+    the run's EAF is the estimator's on exactly those encodings."""
     cfg = config(cache_dir, "alg1", {"lam": 0.5, "bits": 2}, eaf_chain="generated")
     run = TrialRun(cfg)
     run.model.load_state_dict(alg1_run.model.state_dict())
@@ -147,19 +148,33 @@ def test_eaf_on_the_models_own_chain(alg1_run, cache_dir, monkeypatch):
     enc = run.eval_encoded("val", 12, "generated")
     assert enc == [encode_generated(run.encoder, x.question, g) for x, g in zip(exs, gens)]
     assert [list(e.input_ids[e.prompt_len : -1]) for e in enc] == gens
-    assert not any(e.step_spans for e in enc) and estimate_eaf(run.model, enc, iters=3).T == 1
-    assert run.eaf("val") is None
 
-    def gold(x, i):  # the gold layout as decoded (EOS removed); every other one without its steps
-        e = run.encoder.encode(x.question, x.steps if i % 2 == 0 else (), x.final)
-        return list(e.input_ids[e.prompt_len : -1])
+    def written(steps, final):  # as decoded: EOS removed
+        def text(x, i):
+            e = run.encoder.encode(x.question, steps(x, i), final(x))
+            return list(e.input_ids[e.prompt_len : -1])
 
-    written = [gold(x, i) for i, x in enumerate(exs)]
-    monkeypatch.setattr("stabray.train.run.generate_per_input", lambda *a, **k: written)
-    enc = run.eval_encoded("val", 12, "generated")
-    assert sum(bool(e.step_spans) for e in enc) == sum(bool(x.steps) for x in exs[::2]) > 0
-    ref = estimate_eaf(run.model, enc, iters=3).eaf
-    assert ref > 0 and run.eaf("val") == pytest.approx(ref, rel=1e-6)
+        return [text(x, i) for i, x in enumerate(exs)]
+
+    cases = {
+        "no step": written(lambda x, i: (), lambda x: x.final),
+        "steps, empty final": written(lambda x, i: x.steps, lambda x: ""),
+        "gold on every other": written(lambda x, i: x.steps if i % 2 == 0 else (), lambda x: x.final),
+    }
+    got = {}
+    for name, texts in cases.items():
+        monkeypatch.setattr("stabray.train.run.generate_per_input", lambda *a, texts=texts, **k: texts)
+        enc = run.eval_encoded("val", 12, "generated")
+        res = estimate_eaf(run.model, enc, iters=3)
+        got[name] = (sum(bool(e.step_spans) for e in enc), res.T, res.measured, run.eaf("val"))
+        if res.measured:
+            assert got[name][3] == pytest.approx(res.eaf, rel=1e-6) and res.eaf > 0
+    with_steps = sum(bool(x.steps) for x in exs)
+    assert got["no step"] == (0, 1, False, None)
+    assert got["steps, empty final"][0] == with_steps > 0 and got["steps, empty final"][1] >= 2  # T >= 2 ...
+    assert got["steps, empty final"][2:] == (False, None)  # ... and still no term: no final answer to read
+    assert got["gold on every other"][0] == sum(bool(x.steps) for x in exs[::2]) > 0
+    assert got["gold on every other"][2] is True
 
 
 def test_lsq_steps_train_and_are_checkpointed(alg1_run, tmp_path):
@@ -174,6 +189,23 @@ def test_lsq_steps_train_and_are_checkpointed(alg1_run, tmp_path):
     run.save(tmp_path / "ck")
     back = dict(load_run(tmp_path / "ck").model.named_parameters())
     assert all(torch.equal(p, back[n]) for n, p in steps.items())
+
+
+def test_at_T_leaves_out_the_empty_sums_of_T_1():
+    """The *_at_T metrics read one row of the eq. (4) table; at T = 1 (no intermediate step) every one
+    of them is 0 by definition (empty sums, the prompt against itself), so only stability_T is given."""
+    from stabray.train.runner import at_T
+
+    row = {"eaf": 0.0, "sum_eps": 0.0, "bound": 0.0, "loss_gap": 0.0}
+    rows = [{"T": 1, **row}, {"T": 2, "eaf": 1.5, "sum_eps": 0.2, "bound": 0.3, "loss_gap": 0.1}]
+    assert at_T(rows[:1], 5) == at_T(rows, 1) == {"stability_T": 1.0}
+    assert at_T(rows, 0) == {
+        "stability_T": 2.0,
+        "test_eaf_at_T": 1.5,
+        "test_sum_eps_at_T": 0.2,
+        "test_bound_at_T": 0.3,
+        "test_loss_gap_at_T": 0.1,
+    }
 
 
 def test_stability_cli_at_T(tmp_path):

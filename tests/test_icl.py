@@ -184,6 +184,18 @@ def test_quadratic_runner_one_epoch(tmp_path):
     assert np.isfinite(m["train_loss"]) and np.isfinite(m["val_eaf"])
 
 
+def test_one_step_chains_log_no_eaf(tmp_path):
+    """At T_max 1 the chain has no intermediate step: the EAF is an empty sum, so neither val_eaf,
+    test_eaf nor the curve's eaf_T1 is logged (at T_max 2 the same run logs all three, eaf_T1 not:
+    a curve's T = 1 point is the empty sum too)."""
+    one = make_run(_cfg(tmp_path, epochs=1, train_size=64, T_max=1, d=3, n=6))
+    m, f = one.epoch(), one.final()
+    assert "val_eaf" not in m and "test_eaf" not in f and "eaf_T1" not in f and "acc_T1" in f
+    two = make_run(_cfg(tmp_path, epochs=1, train_size=64, T_max=2, d=3, n=6))
+    m, f = two.epoch(), two.final()
+    assert m["val_eaf"] > 0 and f["test_eaf"] == f["eaf_T2"] > 0 and "eaf_T1" not in f
+
+
 def test_icl_figures_from_metrics(tmp_path):
     from analysis.icl_figures import curves_from_metrics, write_figures
 

@@ -471,6 +471,11 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
     rule = {"stop_if": [{"metric": "val_eaf", "epoch": 1, "when": "> 100"}]}
     assert str(problem(1, rule)).startswith("search.stop_if.0.metric: val_eaf is measured on the first 1 ")
     assert problem(k + 1, on_eaf) is None and problem(k, {}) is None
+    from stabray.methods import get_method
+    from stabray.tune.sweep import empty_eaf_draw
+
+    assert empty_eaf_draw("f", val, k, get_method("sft_cot")) is not None
+    assert empty_eaf_draw("f", val, k, get_method("coconut")) is None  # its latent slots are steps
 
 
 def test_spec_yaml_refuses_duplicate_keys_but_keeps_merge_keys():

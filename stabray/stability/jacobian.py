@@ -244,6 +244,14 @@ class EAFResult:
     per_example: torch.Tensor  # (N, T+1, T+1): each example's norms, NaN where it lacks the pair
     T: int
 
+    @property
+    def measured(self) -> bool:
+        """Whether the sum has a term: some example has a measured pair (i, T), 1 <= i < T (with
+        include_question the question counts too, but stabray's runs leave it out). False where no
+        example has an intermediate step (T < 2), or where none that does has a measured pair at T
+        (a generated chain with steps and an empty final answer): an empty sum, 0 by definition."""
+        return self.T >= 2 and bool(torch.isfinite(self.per_example[:, 1 : self.T, self.T]).any())
+
 
 def rho_matrix(norms: torch.Tensor) -> torch.Tensor:
     """rho_i^(t) = ||J_i^(t)|| + sum_{k=i+1}^{t-1} ||J_k^(t)|| rho_i^(k), rho_t^(t) = 1; 0 for t < i."""

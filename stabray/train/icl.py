@@ -348,7 +348,7 @@ class ICLRun(Runner):
             val_infer_star=c["infer_star"][-1],
             val_time_s=time.perf_counter() - t0,
         )
-        if ev.eaf_examples and self.eaf_due:
+        if ev.eaf_examples and self.eaf_due and self.T >= 2:  # T_max 1: an empty sum, not logged
             t0 = time.perf_counter()
             m["val_eaf"] = self.stability("val", ev.eaf_examples)["eaf"][-1]
             m["eaf_time_s"] = time.perf_counter() - t0
@@ -374,12 +374,14 @@ class ICLRun(Runner):
             "test_loss_gap": self._infer_tf_last(c)[0] - self._infer_tf_last(c)[1],
             "test_infer_loss": c["infer_loss"][-1],
             "test_infer_star": c["infer_star"][-1],
-            "test_eaf": s["eaf"][-1],
             "jac_err_max": max(s["jac_err"]),
         }
+        if self.T >= 2:  # at T_max 1 the EAF is an empty sum (0 by definition): not logged
+            out["test_eaf"] = s["eaf"][-1]
         for k, vals in curves.items():
             for t, v in enumerate(vals, 1):
-                out[f"{k}_T{t}"] = float(v)
+                if not (k == "eaf" and t == 1):  # the curve's T = 1 point: the empty sum again
+                    out[f"{k}_T{t}"] = float(v)
         for split in self.long_splits:
             cl = self.curves_of(split, noise_draws=0)
             out[f"{split}_acc"] = cl["acc"][-1]

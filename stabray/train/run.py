@@ -205,10 +205,10 @@ class TrialRun(Runner):
 
     def eaf(self, split: str = "val") -> float | None:
         """EAF on the first eval.eaf_examples of a split, on the chain eval.eaf_chain names; None
-        when off, for a method that answers without a chain, and when no measured example's chain
-        has an intermediate step (T_max < 2: at 3-4 nodes a Dijkstra answer can need no step, and a
-        generated chain can be empty): an empty sum over steps, which would read as a measured 0
-        (perfectly stable) beside real values."""
+        when off, for a method that answers without a chain, and when the sum has no term
+        (`EAFResult.measured`: no measured example's chain has an intermediate step, as at 3-4 nodes
+        a Dijkstra answer can need none and a generated chain can be empty): an empty sum over
+        steps, which would read as a measured 0 (perfectly stable) beside real values."""
         ev = self.cfg.eval
         if not ev.eaf_examples or not self.method.steps_at_eval:
             return None
@@ -225,7 +225,7 @@ class TrialRun(Runner):
             tracker=self.eaf_tracker,
             method=self.method,
         )
-        return float(res.eaf) if res.T >= 2 else None
+        return float(res.eaf) if res.measured else None
 
     def epoch(self) -> dict[str, float]:
         """Train one epoch, then validate: train_loss, val_acc (and for a method that writes the

@@ -161,13 +161,17 @@ AT_T = {
 
 def at_T(rows: list[dict[str, float]], T: int) -> dict[str, float]:
     """The table's row at min(T, T_max) (T = 0: T_max) as final metrics, plus `stability_T`, the T
-    it is at. Undefined entries (NaN: a latent thought has no loss) are left out."""
+    it is at. Undefined entries (NaN: a latent thought has no loss) are left out, and so is the whole
+    row at T = 1 (no measured example has an intermediate step): its EAF, sum of errors and bound
+    are empty sums and its loss gap compares the prompt with itself, each 0 by definition."""
     if not rows:
         return {}
     T_max = max(int(r["T"]) for r in rows)
     T_used = T_max if T <= 0 else min(T, T_max)
     row = next(r for r in rows if int(r["T"]) == T_used)
     out = {"stability_T": float(T_used)}
+    if T_used < 2:
+        return out
     for name, col in AT_T.items():
         v = row.get(col)
         if v is not None and math.isfinite(float(v)):

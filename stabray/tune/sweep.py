@@ -547,15 +547,17 @@ def eaf_searched(spec: SweepSpec, searched: set[str]) -> str | None:
     return next((f"search.stop_if.{i}.metric" for i, r in enumerate(s.stop_if) if r.metric == "val_eaf"), None)
 
 
-def empty_eaf_draw(field: str, val: list, n: int) -> UserError | None:
+def empty_eaf_draw(field: str, val: list, n: int, method) -> UserError | None:
     """Why a search on `val_eaf` (`field`) cannot get a value, or None: the per-epoch EAF is measured
-    on the first eval.eaf_examples = n validation examples, and where none of them has an intermediate
-    step (small Dijkstra graphs: about half answer without one) its sum over steps is empty, which a
-    trial leaves unlogged rather than report as a measured 0. The validation split is the same for
-    every trial of the sweep, so each would stop at its first result (Ray's strict metric check)."""
-    if any(e.steps for e in val[:n]):
+    on the method's gold chain (`Method.eval_steps`) of the first eval.eaf_examples = n validation
+    examples, and where none of them has an intermediate step (small Dijkstra graphs: about half
+    answer without one) its sum over steps is empty, which a trial leaves unlogged rather than report
+    as a measured 0. The validation split is the same for every trial of the sweep, so each would
+    stop at its first result (Ray's strict metric check), or a stop rule on it would never act. A
+    method with latent thoughts (Coconut) is not judged here: its latent slots are steps too."""
+    if method.latent_thoughts or any(method.eval_steps(e) for e in val[:n]):
         return None
-    first = next((i for i, e in enumerate(val) if e.steps), None)
+    first = next((i for i, e in enumerate(val) if method.eval_steps(e)), None)
     fix = (
         f"raise eval.eaf_examples to {first + 1} or more (validation example {first + 1} is the first with a step)"
         if first is not None
@@ -582,6 +584,7 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
             searched = {space_path(k).split(".", 1)[0] for k in spec.search.space}
             if data and "task" not in searched and TASKS.get(spec.task.name).runner == "text":
                 from stabray.config import parse_trial_config
+                from stabray.methods import get_method
                 from stabray.train.run import read_splits, splits_cached
 
                 trial = parse_trial_config(spec.trial_base())
@@ -592,7 +595,8 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
                     except UserError as e:  # every trial would fail the same way
                         t.problem = e
                         return
-                    t.problem = empty_eaf_draw(eaf, splits["val"], trial.eval.eaf_examples) if eaf else None
+                    method = get_method(trial.method.name, **trial.method.params)
+                    t.problem = empty_eaf_draw(eaf, splits["val"], trial.eval.eaf_examples, method) if eaf else None
                     if t.problem is not None:
                         return
             if spec.search.searcher == "optuna":
