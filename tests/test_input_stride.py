@@ -194,13 +194,13 @@ def test_trial_with_per_input_strides_sets_its_ratio_and_reports(cache_dir):
             "name": "dijkstra",
             "params": {"labels": 12, "decimals": 1, "train_sizes": [3], "long_sizes": [4]},
             "train_size": 16,
-            "val_size": 4,
-            "test_size": 4,
+            "val_size": 8,
+            "test_size": 8,
         },
         "model": {"preset": "tiny", "init_std": 0.1, "positions": "random", "position_span": 256},
         "method": {"name": "sft_cot"},
         "train": {"epochs": 1, "batch_size": 8, "threads": 1},
-        "eval": {"eaf_examples": 2, "eaf_iters": 2, "loss_gap": True},
+        "eval": {"eaf_examples": 8, "eaf_iters": 2, "loss_gap": True},
         "cache_dir": cache_dir,
     }
     cfg["model"]["position_eval_stride"] = [1, 2, 4]
