@@ -83,9 +83,9 @@ METRICS: dict[str, Metric] = {
             "compressed chain; SFT-CoT: every step; Coconut: its latent slots, holding the model's own latents), "
             "generated = the model's own greedy chain. Measured every eval.eaf_every epochs and at the last epoch "
             "(absent from the epochs between). Not logged for No CoT and Implicit CoT, which answer without a "
-            "chain, nor where none of the measured examples' chains has an intermediate step (T_max < 2: e.g. "
-            "Dijkstra at 3-4 nodes, where an answer can need no step, or a generated chain left empty): the sum "
-            "over steps is empty, not a measured 0",
+            "chain, nor where the measured chains give the sum no term (no intermediate step before a final "
+            "answer: e.g. Dijkstra at 3-4 nodes, where an answer can need no step, or a generated chain left "
+            "empty): the sum over steps is empty, not a measured 0",
             icl_meaning="sum_i rho_i^(T) from exact Jacobians on validation prompts",
             better="min",
         ),

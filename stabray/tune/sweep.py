@@ -595,10 +595,11 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
                     except UserError as e:  # every trial would fail the same way
                         t.problem = e
                         return
-                    method = get_method(trial.method.name, **trial.method.params)
-                    t.problem = empty_eaf_draw(eaf, splits["val"], trial.eval.eaf_examples, method) if eaf else None
-                    if t.problem is not None:
-                        return
+                    if eaf:
+                        method = get_method(trial.method.name, **trial.method.params)
+                        t.problem = empty_eaf_draw(eaf, splits["val"], trial.eval.eaf_examples, method)
+                        if t.problem is not None:
+                            return
             if spec.search.searcher == "optuna":
                 import optuna  # noqa: F401
             import polars  # noqa: F401
