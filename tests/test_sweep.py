@@ -442,9 +442,10 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
     (objective or stop rule) is refused by the driver's head start, naming the field and the count
     that reaches the first example with a step; one example more, or a search on val_acc, goes on."""
     from stabray.data.splits import make_splits
+    from stabray.methods import get_method
     from stabray.spec import load_spec
     from stabray.tasks import get_task
-    from stabray.tune.sweep import prewarm
+    from stabray.tune.sweep import empty_eaf_draw, prewarm
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
     task = get_task("dijkstra", n_nodes=4, decimals=1)
@@ -471,9 +472,6 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
     rule = {"stop_if": [{"metric": "val_eaf", "epoch": 1, "when": "> 100"}]}
     assert str(problem(1, rule)).startswith("search.stop_if.0.metric: val_eaf is measured on the first 1 ")
     assert problem(k + 1, on_eaf) is None and problem(k, {}) is None
-    from stabray.methods import get_method
-    from stabray.tune.sweep import empty_eaf_draw
-
     assert empty_eaf_draw("f", val, k, get_method("sft_cot")) is not None
     assert empty_eaf_draw("f", val, k, get_method("coconut")) is None  # its latent slots are steps
 

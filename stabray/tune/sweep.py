@@ -540,10 +540,9 @@ def eaf_searched(spec: SweepSpec, searched: set[str]) -> str | None:
     s = spec.search
     if "eval" in searched:
         return None
-    if s.multi and "val_eaf" in (s.metrics or []):
-        return f"search.metrics.{s.metrics.index('val_eaf')}"
-    if not s.multi and s.metric == "val_eaf":
-        return "search.metric"
+    for i, (metric, _) in enumerate(s.objectives()):
+        if metric == "val_eaf":
+            return f"search.metrics.{i}" if s.multi else "search.metric"
     return next((f"search.stop_if.{i}.metric" for i, r in enumerate(s.stop_if) if r.metric == "val_eaf"), None)
 
 
