@@ -90,7 +90,8 @@ class LoraCfg(Strict):
 
 
 PRESETS: dict[str, dict[str, int]] = {
-    # name: embedded decoder shape. "tiny" is what tests use; "small" is the laptop default.
+    # name: embedded decoder shape. "tiny" is what tests use; the laptop specs use "mini"
+    # (sweeps/_base.yaml); "small" is the field's default.
     "tiny": dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
     "mini": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
     "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),
@@ -329,7 +330,7 @@ class TrialConfig(Strict):
     eval: EvalCfg = EvalCfg()
     seed: int = Field(0, ge=0, lt=2**32)  # training seed: initialisation, shuffling, step resampling
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    cache_dir: str | None = None  # dataset cache; None = $STABRAY_CACHE or ~/.cache/stabray
+    cache_dir: str | None = None  # dataset cache; None = $STABRAY_CACHE or ~/.cache/stabray/datasets
 
     @property
     def weights_seed(self) -> int:
