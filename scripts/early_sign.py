@@ -8,7 +8,8 @@ lack. Rows are numbered from 1 over the file's non-blank lines (the README's cal
 
 The threshold was chosen after looking at rows 165-180 (--chosen-on), so the 2x2 table and Fisher's
 exact test are printed twice: on those rows (where the rule was read, so the p-value flatters it) and
-on every later row (where it was tested).
+on every later row (where it was tested). A third line applies the same threshold to the validation
+twin on every row that has it: that is what a sweep's `search.stop_if` rule would have done.
 
   PYTHONPATH=. python scripts/early_sign.py [scripts/calibration_results.jsonl] [--epoch 40] [--threshold 0.5]
 """
@@ -65,16 +66,18 @@ def table(rows: list[tuple[int, dict]], epoch: int, threshold: float) -> list[di
                 "val": val,
                 "fit": fit,
                 "called_stuck": share >= threshold,
+                "val_called_stuck": None if val is None else val >= threshold,
             }
         )
     return out
 
 
-def two_by_two(items: list[dict]) -> tuple[list[list[int]], float | None]:
-    """[[stuck called stuck, fitted called stuck], [stuck called fits, fitted called fits]] and Fisher's p."""
+def two_by_two(items: list[dict], call: str = "called_stuck") -> tuple[list[list[int]], float | None]:
+    """[[stuck called stuck, fitted called stuck], [stuck called fits, fitted called fits]] and Fisher's p,
+    for the call in `call` (the test share's, or "val_called_stuck": the validation twin's)."""
     m = [[0, 0], [0, 0]]
     for t in items:
-        m[0 if t["called_stuck"] else 1][0 if t["fit"] is None else 1] += 1
+        m[0 if t[call] else 1][0 if t["fit"] is None else 1] += 1
     p = fisher_exact(m)[1] if items else None
     return m, p
 
@@ -120,16 +123,23 @@ def main() -> None:
             f"{called:6}  "
             f"{'yes' if right else 'NO'}"
         )
-    for label, part in (
-        (f"rows {lo}-{hi} (the threshold was read on these)", [t for t in items if lo <= t["row"] <= hi]),
-        (f"rows after {hi} (tested)", [t for t in items if t["row"] > hi]),
+    twins = [t for t in items if t["val"] is not None]
+    chosen = [t for t in items if lo <= t["row"] <= hi]
+    for label, part, call in (
+        (f"rows {lo}-{hi} (the threshold was read on these)", chosen, "called_stuck"),
+        (f"rows after {hi} (tested)", [t for t in items if t["row"] > hi], "called_stuck"),
+        ("validation twin (what a search.stop_if rule reads), every row with it", twins, "val_called_stuck"),
     ):
-        m, p = two_by_two(part)
+        m, p = two_by_two(part, call)
         right = m[0][0] + m[1][1]
         print(
             f"{label}: {len(part)} runs, called right {right}; called stuck: {m[0][0]} stuck, {m[0][1]} fit; "
             f"called fits: {m[1][0]} stuck, {m[1][1]} fit" + (f"; Fisher p = {p:.3f}" if p is not None else "")
         )
+    if twins:
+        far = max(twins, key=lambda t: abs(t["val"] - t["share"]))
+        print(f"largest gap between the validation twin and the test share: {abs(far['val'] - far['share']):.3f} "
+              f"(row {far['row']}: {far['val']:.3f} against {far['share']:.3f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -588,6 +588,16 @@ def test_early_sign_counts_calls_against_outcomes():
     assert [t["fit"] for t in items] == [None, 3, 4, None, 4]
     m, p = sign.two_by_two(items)
     assert m == [[1, 1], [1, 2]] and p == pytest.approx(fisher_exact([[1, 1], [1, 2]])[1])
+    # the validation twin is called on its own value (here first equal to the share); then two rows
+    # move across the threshold the other way from their test share
+    assert [t["val_called_stuck"] for t in items] == [True, True, False, False, False]
+    rows[1]["epochs"][1]["val_departure_tok0"], rows[3]["epochs"][1]["val_departure_tok0"] = 0.4, 0.5
+    del rows[4]["epochs"][1]["val_departure_tok0"]  # a row older than the metric: no twin call
+    items = sign.table(list(enumerate(rows, 1)), epoch=2, threshold=0.5)
+    assert [t["val_called_stuck"] for t in items] == [True, False, False, True, None]
+    twins = [t for t in items if t["val"] is not None]
+    m, _ = sign.two_by_two(twins, "val_called_stuck")
+    assert m == [[2, 0], [0, 2]]  # rows 1, 4 never fit and are called stuck; rows 2, 3 fit and are not
 
 
 def test_calibration_profiles_build():
