@@ -2,6 +2,7 @@
 validation errors (exit code 2, naming the field and the file, before Ray starts)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -407,7 +408,7 @@ def test_prewarm_caches_what_the_trials_read(tmp_path, monkeypatch):
     from stabray.data.splits import make_splits
     from stabray.spec import load_spec
     from stabray.tasks import get_task
-    from stabray.train.run import read_splits
+    from stabray.train.run import read_splits, validation_split
     from stabray.tune.sweep import prewarm
 
     monkeypatch.setenv("STABRAY_CACHE", str(tmp_path / "cache"))
@@ -429,6 +430,7 @@ def test_prewarm_caches_what_the_trials_read(tmp_path, monkeypatch):
         ("train", "val", "test", "test_long"),
     )
     assert got == fresh
+    assert validation_split(trial) == fresh["val"]  # drawn alone (a driver on a cluster): the same list
 
     prewarm(spec, data=False).join(timeout=120)  # joining another cluster: its trials have their own disks
     spec2, _ = load_spec(str(write_spec(tmp_path, task={"train_size": 40})))
@@ -457,11 +459,11 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
             break
     assert k >= 2, "no data seed under 40 opens its validation split with two step-less examples"
 
-    def problem(eaf_examples, search):
+    def problem(eaf_examples, search, data=True):
         search = {"num_samples": 2, "max_concurrent": 2, **search}
         p = write_spec(tmp_path, task={"data_seed": seed}, eval={"eaf_examples": eaf_examples}, search=search)
         spec, _ = load_spec(str(p))
-        t = prewarm(spec, data=True)
+        t = prewarm(spec, data=data)
         t.join(timeout=120)
         return t.problem
 
@@ -472,6 +474,12 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
     rule = {"stop_if": [{"metric": "val_eaf", "epoch": 1, "when": "> 100"}]}
     assert str(problem(1, rule)).startswith("search.stop_if.0.metric: val_eaf is measured on the first 1 ")
     assert problem(k + 1, on_eaf) is None and problem(k, {}) is None
+    # trials on a cluster (data=False): the same refusal from the validation split drawn alone, and
+    # nothing written to this machine's dataset cache for it
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+    assert f"raise eval.eaf_examples to {k + 1} or more" in str(problem(k, on_eaf, data=False))
+    assert problem(k + 1, on_eaf, data=False) is None
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     assert empty_eaf_draw("f", val, k, get_method("sft_cot")) is not None
     assert empty_eaf_draw("f", val, k, get_method("coconut")) is None  # its latent slots are steps
 

@@ -86,6 +86,15 @@ def read_splits(c: TrialConfig) -> dict[str, list]:
     return load_splits(**_request(c))
 
 
+def validation_split(c: TrialConfig) -> list:
+    """The trial's validation split alone, drawn as `read_splits` draws it (each split has its own
+    seed, so it is the same list) and not cached: for a driver whose trials run on other machines."""
+    from stabray.data.splits import make_splits
+
+    r = _request(c)
+    return make_splits(r["task"], r["sizes"], r["seed"], ("val",))["val"]
+
+
 def splits_cached(c: TrialConfig) -> bool:
     """Whether the dataset cache holds the trial's splits (not read, so not checked)."""
     return cached_path(**_request(c)).exists()

@@ -576,29 +576,32 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
     examples asked for than it has distinct questions), or a search on the per-epoch EAF whose
     measured validation examples all answer without a step (`empty_eaf_draw`), is kept as the
     thread's `problem`, which the driver raises before it opens any MLflow run or starts a trial; any
-    other failure is left for the trials to meet and report."""
+    other failure is left for the trials to meet and report. Without `data` (the trials run on a
+    cluster) the EAF check draws the validation split alone (`validation_split`: cheap, not cached)."""
 
     def work():
         try:
             searched = {space_path(k).split(".", 1)[0] for k in spec.search.space}
-            if data and "task" not in searched and TASKS.get(spec.task.name).runner == "text":
+            if "task" not in searched and TASKS.get(spec.task.name).runner == "text":
                 from stabray.config import parse_trial_config
                 from stabray.methods import get_method
-                from stabray.train.run import read_splits, splits_cached
+                from stabray.train.run import read_splits, splits_cached, validation_split
 
                 trial = parse_trial_config(spec.trial_base())
                 eaf = eaf_searched(spec, searched)
-                if eaf or not splits_cached(trial):  # a cached one the trials read (and check) themselves
-                    try:
-                        splits = read_splits(trial)
-                    except UserError as e:  # every trial would fail the same way
-                        t.problem = e
+                try:  # a UserError here: every trial would fail the same way
+                    if data and (eaf or not splits_cached(trial)):  # a cached one the trials read and check
+                        val = read_splits(trial)["val"]
+                    elif eaf:  # the trials' machines hold their data: the validation split alone, here
+                        val = validation_split(trial)
+                except UserError as e:
+                    t.problem = e
+                    return
+                if eaf:
+                    method = get_method(trial.method.name, **trial.method.params)
+                    t.problem = empty_eaf_draw(eaf, val, trial.eval.eaf_examples, method)
+                    if t.problem is not None:
                         return
-                    if eaf:
-                        method = get_method(trial.method.name, **trial.method.params)
-                        t.problem = empty_eaf_draw(eaf, splits["val"], trial.eval.eaf_examples, method)
-                        if t.problem is not None:
-                            return
             if spec.search.searcher == "optuna":
                 import optuna  # noqa: F401
             import polars  # noqa: F401
