@@ -82,6 +82,15 @@ def two_by_two(items: list[dict], call: str = "called_stuck") -> tuple[list[list
     return m, p
 
 
+def twin_tally(items: list[dict]) -> tuple[list[dict], list[list[int]], float | None, dict | None]:
+    """The rule applied to the validation twin: the runs that have one, their 2x2 and Fisher's p (as
+    `two_by_two`), and the run whose twin lies farthest from its test share (None without twins)."""
+    twins = [t for t in items if t["val"] is not None]
+    m, p = two_by_two(twins, "val_called_stuck")
+    far = max(twins, key=lambda t: abs(t["val"] - t["share"]), default=None)
+    return twins, m, p, far
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="?", default=str(Path(__file__).with_name("calibration_results.jsonl")))
@@ -123,21 +132,20 @@ def main() -> None:
             f"{called:6}  "
             f"{'yes' if right else 'NO'}"
         )
-    twins = [t for t in items if t["val"] is not None]
+    twins, tm, tp, far = twin_tally(items)
     chosen = [t for t in items if lo <= t["row"] <= hi]
-    for label, part, call in (
-        (f"rows {lo}-{hi} (the threshold was read on these)", chosen, "called_stuck"),
-        (f"rows after {hi} (tested)", [t for t in items if t["row"] > hi], "called_stuck"),
-        ("validation twin (what a search.stop_if rule reads), every row with it", twins, "val_called_stuck"),
+    later = [t for t in items if t["row"] > hi]
+    for label, part, (m, p) in (
+        (f"rows {lo}-{hi} (the threshold was read on these)", chosen, two_by_two(chosen)),
+        (f"rows after {hi} (tested)", later, two_by_two(later)),
+        ("validation twin (what a search.stop_if rule reads), every row with it", twins, (tm, tp)),
     ):
-        m, p = two_by_two(part, call)
         right = m[0][0] + m[1][1]
         print(
             f"{label}: {len(part)} runs, called right {right}; called stuck: {m[0][0]} stuck, {m[0][1]} fit; "
             f"called fits: {m[1][0]} stuck, {m[1][1]} fit" + (f"; Fisher p = {p:.3f}" if p is not None else "")
         )
-    if twins:
-        far = max(twins, key=lambda t: abs(t["val"] - t["share"]))
+    if far is not None:
         print(f"largest gap between the validation twin and the test share: {abs(far['val'] - far['share']):.3f} "
               f"(row {far['row']}: {far['val']:.3f} against {far['share']:.3f})")  # fmt: skip
 

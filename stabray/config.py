@@ -90,8 +90,8 @@ class LoraCfg(Strict):
 
 
 PRESETS: dict[str, dict[str, int]] = {
-    # name: embedded decoder shape. "tiny" is what tests use; the laptop specs use "mini"
-    # (sweeps/_base.yaml); "small" is the field's default.
+    # name: embedded decoder shape. "tiny" is what tests use; the specs built on
+    # sweeps/_base.yaml use "mini"; "small" is the field's default.
     "tiny": dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
     "mini": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256),
     "small": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512),

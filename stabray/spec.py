@@ -336,8 +336,8 @@ def _objective_problem(trial: dict[str, Any], metric: str, epoch: int | None = N
     answers without a chain (No CoT, Implicit CoT: the sum over steps is empty), or measured on the
     model's own chain (eval.eaf_chain: generated), which can have no step at an epoch (an empty sum: not
     logged). On the gold chain a validation split whose first eval.eaf_examples examples all answer
-    without a step would report none either; the sweep's driver checks that on the data when the
-    trials run on its machine (`stabray.tune.sweep.empty_eaf_draw`), not here. steps_val_acc and
+    without a step would report none either; the sweep's driver checks that on the validation split
+    (drawn alone when the trials run on a cluster; `stabray.tune.sweep.empty_eaf_draw`), not here. steps_val_acc and
     val_departure_tok<k>: a method whose evaluation chain is not each example's whole chain (No CoT,
     Implicit CoT, Coconut, Algorithm 1 or MTP at lam < 1), judged on a few examples of the task at each
     in-distribution size, as `stabray.evaluate.metrics.writes_whole_chain` judges the validation

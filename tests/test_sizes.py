@@ -595,9 +595,14 @@ def test_early_sign_counts_calls_against_outcomes():
     del rows[4]["epochs"][1]["val_departure_tok0"]  # a row older than the metric: no twin call
     items = sign.table(list(enumerate(rows, 1)), epoch=2, threshold=0.5)
     assert [t["val_called_stuck"] for t in items] == [True, False, False, True, None]
-    twins = [t for t in items if t["val"] is not None]
-    m, _ = sign.two_by_two(twins, "val_called_stuck")
+    twins, m, p, far = sign.twin_tally(items)
+    assert [t["row"] for t in twins] == [1, 2, 3, 4]  # row 5 has no twin: not counted as "fits"
     assert m == [[2, 0], [0, 2]]  # rows 1, 4 never fit and are called stuck; rows 2, 3 fit and are not
+    assert p == pytest.approx(fisher_exact([[2, 0], [0, 2]])[1])
+    assert far["row"] == 2  # |0.40 - 0.55| = 0.15, the largest (row 4: |0.50 - 0.45| = 0.05)
+    rows[0]["epochs"][1]["val_departure_tok0"] = 0.3  # |0.30 - 0.60| = 0.30: below its share, farther
+    assert sign.twin_tally(sign.table(list(enumerate(rows, 1)), epoch=2, threshold=0.5))[3]["row"] == 1
+    assert sign.twin_tally([])[3] is None
 
 
 def test_calibration_profiles_build():

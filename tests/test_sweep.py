@@ -465,6 +465,7 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
         spec, _ = load_spec(str(p))
         t = prewarm(spec, data=data)
         t.join(timeout=120)
+        assert not t.is_alive()
         return t.problem
 
     on_eaf = {"metric": "val_eaf", "mode": "min"}
@@ -478,7 +479,11 @@ def test_a_search_on_the_eaf_of_step_less_examples_is_refused_before_any_trial(t
     # nothing written to this machine's dataset cache for it
     shutil.rmtree(tmp_path / "cache", ignore_errors=True)
     assert f"raise eval.eaf_examples to {k + 1} or more" in str(problem(k, on_eaf, data=False))
-    assert problem(k + 1, on_eaf, data=False) is None
+    import stabray.tune.sweep as sweep_mod
+
+    judged = []  # the check ran (rather than the head start failing quietly) and found a step
+    monkeypatch.setattr(sweep_mod, "empty_eaf_draw", lambda *a: judged.append(empty_eaf_draw(*a)) or judged[-1])
+    assert problem(k + 1, on_eaf, data=False) is None and judged == [None]
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     assert empty_eaf_draw("f", val, k, get_method("sft_cot")) is not None
     assert empty_eaf_draw("f", val, k, get_method("coconut")) is None  # its latent slots are steps

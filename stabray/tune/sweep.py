@@ -553,7 +553,10 @@ def empty_eaf_draw(field: str, val: list, n: int, method) -> UserError | None:
     answer without one) its sum over steps is empty, which a trial leaves unlogged rather than report
     as a measured 0. The validation split is the same for every trial of the sweep, so each would
     stop at its first result (Ray's strict metric check), or a stop rule on it would never act. A
-    method with latent thoughts (Coconut) is not judged here: its latent slots are steps too."""
+    method with latent thoughts (Coconut) is not judged here: its latent slots are steps too. The
+    spec's own method stands for every trial even when its parameters are searched: whether an
+    example's gold chain has a step does not depend on them (compression keeps at least one step of
+    a chain that has any: Algorithm 1, MTP)."""
     if method.latent_thoughts or any(method.eval_steps(e) for e in val[:n]):
         return None
     first = next((i for i, e in enumerate(val) if method.eval_steps(e)), None)
