@@ -16,6 +16,7 @@ model on every example of each split two ways:
    (tokens x stride), the offset a lookup of the next name has to span.
 
     PYTHONPATH=. python scripts/answer_probe.py /work/runs/l89_s1_model --splits test test_n6 test_n7
+    PYTHONPATH=. python scripts/answer_probe.py /work/runs/l105_s2_model --long-sizes 9 10   # other sizes
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ def first_difference(gold: list[tuple[str, str]], have: list[tuple[str, str]]) -
     return ("too long", len(gold)) if len(have) > len(gold) else None
 
 
-def load(model_dir: Path):
+def load(model_dir: Path, long_sizes: list[int] | None = None):
     """The saved model (stabray.train.load_run: a directory written by `calibrate.py --save` or a
-    trial checkpoint, every file checked before use), refused unless it answers a LEGO task."""
+    trial checkpoint, every file checked before use), refused unless it answers a LEGO task; with
+    `long_sizes`, its longer test splits at those sizes instead of its own (`test_n<k>`)."""
     from stabray.train import load_run
 
-    run = load_run(model_dir)
+    run = load_run(model_dir, {"task": {"params": {"long_sizes": long_sizes}}} if long_sizes else None)
     if not run.task.name.startswith("lego"):
         raise UserError(f"{model_dir}: a {run.task.name} model; the probe reads LEGO named final states")
     return run
@@ -225,6 +227,14 @@ def main() -> None:
         metavar="K",
         help="read every example at evaluation stride K (model.positions: random) instead of the model's own choice",
     )
+    ap.add_argument(
+        "--long-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="read the saved model on longer test splits at these sizes (test_n<N>) instead of its own",
+    )
     args = ap.parse_args()
     if args.stride < 0:
         ap.error(f"--stride {args.stride}: a stride >= 1 (or 0: the model's own choice)")
@@ -247,7 +257,7 @@ def probe_models(args) -> None:
     from stabray.models.positions import eval_stride, has_random_positions
 
     for d in args.model:
-        run = load(d)
+        run = load(d, args.long_sizes)
         if args.stride and not has_random_positions(run.model):
             raise UserError(f"--stride: {d} has no randomized positions (model.positions: random)")
         train = training_distances(run)

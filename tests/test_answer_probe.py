@@ -63,6 +63,24 @@ def test_saved_model_reads_back_the_same(saved):
     assert back.data["test_n4"][0].answer == run.data["test_n4"][0].answer
 
 
+def test_saved_model_reads_other_sizes(saved):
+    """--long-sizes: the same weights, the trial's other splits unchanged, longer test splits at the
+    asked sizes (each example of that many variables), named test_n<k>; a size the task refuses is
+    named."""
+    from stabray.errors import UserError
+
+    run, path = saved
+    back = probe.load(path, [5, 6])
+    ref = run.model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in back.model.state_dict().items())
+    assert tuple(back.long_splits) == ("test_n5", "test_n6") and "test_n4" not in back.data
+    assert back.data["test"] == run.data["test"] and back.data["val"] == run.data["val"]
+    for k in (5, 6):
+        assert {len(probe.entries(e.final)) for e in back.data[f"test_n{k}"]} == {k}
+    with pytest.raises(UserError, match="long_sizes: every entry .* must be an integer in 2..25, got 0"):
+        probe.load(path, [0])
+
+
 def test_name_positions_point_at_the_names(saved):
     run, _ = saved
     for ex in run.data["test_n4"][:6]:

@@ -256,8 +256,10 @@ def _read_json(f: Path) -> Any:
         raise UserError(f"{f}: not valid JSON ({one_line(e)})") from None
 
 
-def load_run(path: str | Path) -> Runner:
-    """A runner rebuilt from a checkpoint directory written by its `save`."""
+def load_run(path: str | Path, overrides: dict | None = None) -> Runner:
+    """A runner rebuilt from a checkpoint directory written by its `save`. `overrides` (a nested dict,
+    merged over the saved trial config before it is checked) changes what the run reads, not the
+    model: e.g. `{"task": {"params": {"long_sizes": [9, 10]}}}` scores the saved model on other sizes."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a checkpoint directory")
@@ -268,10 +270,14 @@ def load_run(path: str | Path) -> Runner:
     cfg = _read_json(path / CONFIG)
     if not isinstance(cfg, dict):
         raise UserError(f"{path / CONFIG}: expected a trial config (a JSON object)")
+    if overrides:
+        from stabray.config import deep_merge
+
+        cfg = deep_merge(cfg, overrides)
     try:
         cfg = parse_trial_config(cfg)
     except UserError as e:
-        raise UserError(f"{path / CONFIG}: {e}") from None
+        raise UserError(f"{path / CONFIG}{' with the overrides' if overrides else ''}: {e}") from None
     tok = path / "tokenizer"
     run = make_run(cfg, tokenizer_dir=tok if tok.exists() else None, check=False)
     try:
