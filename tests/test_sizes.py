@@ -640,12 +640,19 @@ def test_calibration_profiles_build():
             None,
             [0, 1, 2, 3, 4],
         ),
+        (
+            "lego_cyclic_lengthgen_span256",
+            "l105_cyc_mix26w11114_deltaop_randpos256_h128_l3_e160_lr1e3_wd1e1",
+            None,
+            [1, 2, 8],
+        ),
     ],
 )
 def test_lengthgen_sweep_trains_what_its_calibration_profile_trained(sweep_name, profile, eval_stride, seeds):
     """sweeps/dijkstra_lengthgen.yaml is profile L32 as a sweep, dijkstra_lengthgen_mix35.yaml is L37
     evaluated at the per-input stride (calibrate.py --eval-strides 2,3,4 scored the same models so),
-    lego_cyclic_lengthgen.yaml is l81, lego_cyclic_lengthgen_mix25.yaml l86 and lego_cyclic_lengthgen_op.yaml l89:
+    lego_cyclic_lengthgen.yaml is l81, lego_cyclic_lengthgen_mix25.yaml l86, lego_cyclic_lengthgen_op.yaml l89
+    and lego_cyclic_lengthgen_span256.yaml l105:
     the same examples (task and its cache key, split sizes), model, method and training; only what is
     measured differs (the EAF and the end-of-trial analyses are on in the sweep, off in calibration)."""
     import yaml
