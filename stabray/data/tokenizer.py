@@ -25,6 +25,23 @@ def pre_tokens(text: str) -> list[str]:
     return TOKEN_RE.findall(text)
 
 
+def unknown_tokens(tokenizer, texts: Iterable[str]) -> Counter[str]:
+    """Each piece of `texts` that `tokenizer` reads as its unknown token, with how often: the built
+    vocabulary holds only what its texts held (and 0..127 with numbers="word"), so a number or word
+    that appears later (a fresh training split, another size) would reach the model as `<unk>`.
+    Empty for a tokenizer without an unknown token (a byte-level pretrained one)."""
+    unk = tokenizer.unk_token_id
+    found: Counter[str] = Counter()
+    texts = list(texts)
+    if unk is None or not texts:
+        return found
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    for text, ids, offsets in zip(texts, enc["input_ids"], enc["offset_mapping"]):
+        if unk in ids:
+            found.update(text[a:b] for i, (a, b) in zip(ids, offsets) if i == unk)
+    return found
+
+
 # numbers="digits": the only number pieces, a leading digit and "##"-continued digits and '.'
 DIGIT_PIECES = (*"0123456789", *(f"##{c}" for c in "0123456789."))
 NUMBERS = ("word", "digits")

@@ -95,6 +95,63 @@ def validation_split(c: TrialConfig) -> list:
     return make_splits(r["task"], r["sizes"], r["seed"], ("val",))["val"]
 
 
+def split_texts(data: dict[str, list]) -> list[str]:
+    """Every text of `data`'s examples a model reads or writes: what the embedded tokenizer is built on."""
+    return [t for exs in data.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
+
+
+def fresh_split(c: TrialConfig, task, data: dict[str, list], epoch: int) -> list:
+    """Epoch `epoch`'s (>= 1) fresh training split under task.resample_train: a draw of its own
+    seed, none of its questions in an evaluation split of `data`; the same list wherever drawn."""
+    from stabray.data.splits import draw
+
+    exclude = {e.question for s, exs in data.items() if s != "train" for e in exs}
+    return draw(
+        task,
+        f"train-epoch{epoch}",
+        c.task.train_size,
+        c.task.data_seed,
+        task.in_dist_sizes,
+        exclude=exclude,
+        probs=task.train_size_probs_at(epoch),
+    )
+
+
+def vocabulary_problem(tokenizer, examples: list, where: str, c: TrialConfig) -> UserError | None:
+    """The error for `examples` whose text holds tokens `tokenizer` lacks (`unknown_tokens`), which
+    the model would read and be trained to write as `<unk>`; None when it reads them all. The
+    embedded tokenizer's vocabulary is what the cached splits hold (and the integers 0..127 with
+    model.numbers "word"): a number first seen in a fresh training split is unknown to it."""
+    from stabray.data.tokenizer import unknown_tokens
+
+    found = unknown_tokens(tokenizer, [t for e in examples for t in {e.question, e.question_nohint, e.answer}])
+    if not found:
+        return None
+    shown = ", ".join(f"{tok!r} ({n}x)" for tok, n in found.most_common(5))
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    numeric = all(tok[:1].isdigit() for tok in found)
+    if numeric and c.model.numbers == "word":
+        fix = "set model.numbers: digits (a number is one token per digit, so every number is known)"
+    else:
+        fix = "set task.resample_train: false, or raise task.train_size so the cached splits hold them"
+    return UserError(
+        f"{where} holds {sum(found.values())} token(s) in {len(examples)} examples that the tokenizer "
+        f"(built from the cached splits) lacks and would read as <unk>: {shown}{more}; {fix}"
+    )
+
+
+def first_fresh_problem(c: TrialConfig, data: dict[str, list]) -> UserError | None:
+    """`vocabulary_problem` of the first fresh training split (epoch 1) under a tokenizer built as a
+    trial builds it from `data`: for the sweep's driver, before any trial starts. None where it does
+    not apply (no resample_train, a single epoch, a pretrained tokenizer)."""
+    if not c.task.resample_train or c.train.epochs < 2 or c.model.pretrained is not None:
+        return None
+    tok = build_tokenizer(split_texts(data), numbers=c.model.numbers)
+    task = get_task(c.task.name, **c.task.params)
+    where = "task.resample_train: epoch 1's fresh training split"
+    return vocabulary_problem(tok, fresh_split(c, task, data, 1), where, c)
+
+
 def splits_cached(c: TrialConfig) -> bool:
     """Whether the dataset cache holds the trial's splits (not read, so not checked)."""
     return cached_path(**_request(c)).exists()
@@ -124,10 +181,18 @@ class TrialRun(Runner):
             except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions; any failure = unusable files
                 raise UserError(f"{tokenizer_dir}: cannot load the saved tokenizer ({one_line(e)})") from None
         elif self.spec.pretrained is None:
-            texts = [t for exs in self.data.values() for e in exs for t in (e.question, e.question_nohint, e.answer)]
-            self.tokenizer = build_tokenizer(texts, numbers=c.model.numbers)
+            self.tokenizer = build_tokenizer(split_texts(self.data), numbers=c.model.numbers)
         else:
             self.tokenizer = load_tokenizer(self.spec)
+        # a vocabulary built from the task's text (here or by the run a saved one came from) holds only
+        # what that text held: every split read now, and epoch 1's fresh split, must be covered (later
+        # fresh splits are checked as they are drawn)
+        self.built_tokenizer = self.spec.pretrained is None
+        if self.built_tokenizer and tokenizer_dir is not None:
+            for split, exs in self.data.items():
+                where = f"split {split!r} (read with the saved tokenizer of {tokenizer_dir})"
+                if (problem := vocabulary_problem(self.tokenizer, exs, where, c)) is not None:
+                    raise problem
         self.method.bind_tokenizer(self.tokenizer)  # e.g. Coconut adds <bot>/<eot> to a pretrained vocabulary
         self.encoder = Encoder(self.tokenizer)
         self.model = build_model(self.spec, self.tokenizer, seed=c.weights_seed)
@@ -137,6 +202,8 @@ class TrialRun(Runner):
         # model.position_eval_stride a list: the length ratio its per-input stride rule reads, from the
         # training examples as the method encodes them (stabray.models.positions)
         set_length_ratio(self.model, self.length_pairs(self.data["train"][:500]))
+        if self.built_tokenizer and tokenizer_dir is None and c.task.resample_train and c.train.epochs > 1:
+            self.fresh_train(1)  # drawn now (and kept for epoch 1): a vocabulary problem before any training
         train_data = self.fresh_train if c.task.resample_train else self.data["train"]
         self.trainer = Trainer(
             self.model, self.method, self.encoder, train_data, self.train_cfg, seed=c.seed, device=self.device
@@ -146,25 +213,19 @@ class TrialRun(Runner):
 
     def fresh_train(self, epoch: int):
         """Epoch `epoch`'s training split when task.resample_train is on: new questions every epoch,
-        none of them in an evaluation split (epoch 0 is the cached training split)."""
+        none of them in an evaluation split (epoch 0 is the cached training split). A built
+        tokenizer must read every token of it (`vocabulary_problem`), else a UserError."""
         if epoch == 0:
             return self.data["train"]
         if getattr(self, "_fresh", (None,))[0] != epoch:
-            from stabray.data.splits import draw
-
-            exclude = {e.question for s, exs in self.data.items() if s != "train" for e in exs}
-            self._fresh = (
-                epoch,
-                draw(
-                    self.task,
-                    f"train-epoch{epoch}",
-                    self.cfg.task.train_size,
-                    self.cfg.task.data_seed,
-                    self.task.in_dist_sizes,
-                    exclude=exclude,
-                    probs=self.task.train_size_probs_at(epoch),
-                ),
-            )
+            exs = fresh_split(self.cfg, self.task, self.data, epoch)
+            if self.built_tokenizer:
+                problem = vocabulary_problem(
+                    self.tokenizer, exs, f"task.resample_train: epoch {epoch}'s fresh training split", self.cfg
+                )
+                if problem is not None:
+                    raise problem
+            self._fresh = (epoch, exs)
         return self._fresh[1]
 
     def length_pairs(self, examples) -> Iterator[tuple[int, int]]:

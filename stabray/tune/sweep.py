@@ -577,7 +577,9 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
     once here when it is not cached yet, rather than by the first trials side by side; then the
     imports for closing trials (figures, tables; Optuna's). A dataset the task cannot give (more
     examples asked for than it has distinct questions), or a search on the per-epoch EAF whose
-    measured validation examples all answer without a step (`empty_eaf_draw`), is kept as the
+    measured validation examples all answer without a step (`empty_eaf_draw`), or a first fresh
+    training split (task.resample_train) with tokens the trials' tokenizer lacks (`first_fresh_problem`;
+    with `data` only: on a cluster each trial meets that check before it trains), is kept as the
     thread's `problem`, which the driver raises before it opens any MLflow run or starts a trial; any
     other failure is left for the trials to meet and report. Without `data` (the trials run on a
     cluster) the EAF check draws the validation split alone (`validation_split`: cheap, not cached)."""
@@ -588,13 +590,20 @@ def prewarm(spec: SweepSpec, data: bool) -> threading.Thread:
             if "task" not in searched and TASKS.get(spec.task.name).runner == "text":
                 from stabray.config import parse_trial_config
                 from stabray.methods import get_method
-                from stabray.train.run import read_splits, splits_cached, validation_split
+                from stabray.train.run import first_fresh_problem, read_splits, splits_cached, validation_split
 
                 trial = parse_trial_config(spec.trial_base())
                 eaf = eaf_searched(spec, searched)
+                # fresh training splits the trials' tokenizer cannot read (here only where the trials'
+                # data is on this machine; on a cluster each trial meets the check before it trains)
+                vocab = data and "model.numbers" not in {space_path(k) for k in spec.search.space}
                 try:  # a UserError here: every trial would fail the same way
-                    if data and (eaf or not splits_cached(trial)):  # a cached one the trials read and check
-                        val = read_splits(trial)["val"]
+                    if data and (eaf or vocab or not splits_cached(trial)):  # a cached one the trials read
+                        splits = read_splits(trial)
+                        val = splits["val"]
+                        if vocab and (problem := first_fresh_problem(trial, splits)) is not None:
+                            t.problem = problem
+                            return
                     elif eaf:  # the trials' machines hold their data: the validation split alone, here
                         val = validation_split(trial)
                 except UserError as e:
