@@ -42,21 +42,32 @@ def config(**sections) -> dict:
     return c
 
 
-def test_unknown_tokens_are_the_pre_tokens_outside_the_vocabulary():
-    """Counted against an independent reading: the pre-tokens (the tokenizer's own split) that are not
-    vocabulary entries; with numbers "digits" every number is known, a new word still is not."""
-    from stabray.data.tokenizer import build_tokenizer, pre_tokens, unknown_tokens
+def encoded_unknowns(tok, texts) -> Counter:
+    """The reference: what the tokenizer itself encodes as <unk>, located by its offsets."""
+    out = Counter()
+    for t in texts:
+        enc = tok(t, add_special_tokens=False, return_offsets_mapping=True)
+        out.update(t[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if i == tok.unk_token_id)
+    return out
+
+
+def test_unknown_tokens_are_what_the_tokenizer_encodes_as_unk():
+    """Counted against the tokenizer's own encoding: new numbers and words (words mode), new words only
+    (digits mode: every number is digit pieces), and a letter no pre-token covers (the encoded path)."""
+    from stabray.data.tokenizer import build_tokenizer, unknown_tokens
 
     seen = ["dist a 0.25 b 130 | c", "a b c 7"]
-    later = ["dist a 0.5 b 0.25 | zeta 130 131 0.5", "c 127 eta"]
+    later = ["dist a 0.5 b 0.25 | zeta 130 131 0.5", "c 127 eta", "a \u00e9t\u00e9 b"]
     tok = build_tokenizer(seen)
-    vocab = tok.get_vocab()
-    expected = Counter(p for t in later for p in pre_tokens(t) if p not in vocab)
-    assert expected == Counter({"0.5": 2, "zeta": 1, "131": 1, "eta": 1})  # 127: always in (0..127)
-    assert unknown_tokens(tok, later) == expected
+    got = unknown_tokens(tok, later)
+    assert got == encoded_unknowns(tok, later)
+    assert {k: got[k] for k in ("0.5", "zeta", "131", "eta")} == {"0.5": 2, "zeta": 1, "131": 1, "eta": 1}
+    assert "127" not in got and sum(v for k, v in got.items() if "\u00e9" in k) >= 1  # 0..127 always in
     assert unknown_tokens(tok, seen) == Counter()
     digits = build_tokenizer(seen, numbers="digits")
-    assert unknown_tokens(digits, later) == Counter({"zeta": 1, "eta": 1})
+    got = unknown_tokens(digits, later)
+    assert got == encoded_unknowns(digits, later)
+    assert got["zeta"] == 1 and got["eta"] == 1 and not any(k[0].isdigit() for k in got)
 
 
 def test_make_run_refuses_fresh_training_text_it_cannot_read_before_training():
@@ -100,20 +111,52 @@ def test_a_later_epochs_unknown_token_is_refused_when_drawn(monkeypatch):
     with pytest.raises(UserError) as e:
         run.fresh_train(3)
     assert str(e.value).startswith("task.resample_train: epoch 3's fresh training split holds 1 token(s) in 60 ")
-    assert "<unk>: 'zebra' (1x); set task.resample_train: false, or raise task.train_size" in str(e.value)
+    fix = "set task.resample_train: false (train on the cached split, whose text the tokenizer holds)"
+    assert str(e.value).endswith(f"<unk>: 'zebra' (1x); {fix}")
 
 
 def test_a_saved_tokenizer_refuses_splits_it_cannot_read(tmp_path):
     """A saved 1-decimal run read with 3-decimal questions (load_run's overrides, as answer_probe's
-    --long-sizes uses them): refused, naming the split and the saved tokenizer; the same run read
-    as saved loads."""
+    --long-sizes uses them): refused, naming the split, the checkpoint's tokenizer and what can help
+    (no setting adds tokens to a saved vocabulary); the same run read as saved loads."""
     from stabray.train.runner import load_run, make_run
 
     run = make_run(config(task={"params": {"n_nodes": 4, "decimals": 1}, "resample_train": False}))
     run.save(tmp_path / "m")
     assert load_run(tmp_path / "m").data["test"] == run.data["test"]
-    with pytest.raises(UserError, match=r"^split 'train' \(read with the saved tokenizer of .*/m/tokenizer\) holds "):
-        load_run(tmp_path / "m", {"task": {"params": {"decimals": 3}}})
+    for more in ({}, {"model": {"numbers": "digits"}}):  # the saved vocabulary decides, not the config
+        with pytest.raises(UserError) as e:
+            load_run(tmp_path / "m", {"task": {"params": {"decimals": 3}}, **more})
+        msg = str(e.value)
+        assert msg.startswith(f"split 'train' (read with the saved tokenizer of {tmp_path / 'm' / 'tokenizer'}) holds ")
+        assert "that the checkpoint's tokenizer (built from its training run's splits) lacks" in msg
+        assert msg.endswith(
+            "; score it on text like its training run's; a model trained with model.numbers: digits reads every number"
+        )
+
+
+def test_no_cot_is_judged_on_the_text_it_reads():
+    """No CoT reads the question without the hint and writes the final answer alone: a number only in
+    the steps is not its problem. Countdown's new intermediate results (past 127, in the steps) refuse
+    SFT-CoT and not No CoT, whose epoch-1 text the tokenizer reads whole."""
+    from stabray.train.run import method_texts
+    from stabray.train.runner import make_run
+
+    cd = {
+        "name": "countdown",
+        "params": {},
+        "train_size": 1000,
+        "val_size": 50,
+        "test_size": 50,
+        "resample_train": True,
+    }
+    base = {**DIJKSTRA, "task": cd, "model": {"preset": "tiny", "numbers": "word"}}
+    with pytest.raises(UserError, match="set model.numbers: digits"):
+        make_run({**base, "method": {"name": "sft_cot"}})
+    run = make_run({**base, "method": {"name": "no_cot"}})
+    texts = method_texts(run.method, run.fresh_train(1))
+    assert encoded_unknowns(run.tokenizer, texts) == Counter()
+    assert all("|" not in t for t in texts[1::2])  # targets: the final alone
 
 
 def test_the_sweep_driver_refuses_before_any_trial(tmp_path):

@@ -117,39 +117,63 @@ def fresh_split(c: TrialConfig, task, data: dict[str, list], epoch: int) -> list
     )
 
 
-def vocabulary_problem(tokenizer, examples: list, where: str, c: TrialConfig) -> UserError | None:
-    """The error for `examples` whose text holds tokens `tokenizer` lacks (`unknown_tokens`), which
-    the model would read and be trained to write as `<unk>`; None when it reads them all. The
-    embedded tokenizer's vocabulary is what the cached splits hold (and the integers 0..127 with
-    model.numbers "word"): a number first seen in a fresh training split is unknown to it."""
+def method_texts(method, examples: list) -> list[str]:
+    """The texts of `examples` a model trained by `method` reads and writes: its prompt
+    (`eval_prompt`: the question, or No CoT's question without the hint) and its target (every step
+    and the final answer, or No CoT's final alone; compression keeps some of the steps, differently
+    every epoch, so all of them are read)."""
+    return [
+        t
+        for e in examples
+        for t in (method.eval_prompt(e), e.answer if method.chain_at_eval else e.render_answer(None))
+    ]
+
+
+def vocabulary_problem(tokenizer, examples: list, where: str, method, saved: bool = False) -> UserError | None:
+    """The error for `examples` whose text (`method_texts`) holds tokens `tokenizer` lacks
+    (`unknown_tokens`), which the model would read and be trained to write as `<unk>`; None when it
+    reads them all. The embedded tokenizer's vocabulary is what the cached splits hold (and the
+    integers 0..127 with model.numbers "word"): a number first seen in a fresh training split is
+    unknown to it. `saved`: a checkpoint's tokenizer, whose vocabulary no setting can change."""
     from stabray.data.tokenizer import unknown_tokens
 
-    found = unknown_tokens(tokenizer, [t for e in examples for t in {e.question, e.question_nohint, e.answer}])
+    found = unknown_tokens(tokenizer, method_texts(method, examples))
     if not found:
         return None
     shown = ", ".join(f"{tok!r} ({n}x)" for tok, n in found.most_common(5))
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-    numeric = all(tok[:1].isdigit() for tok in found)
-    if numeric and c.model.numbers == "word":
-        fix = "set model.numbers: digits (a number is one token per digit, so every number is known)"
+    words_for_numbers = "##0" not in tokenizer.get_vocab()  # digits mode: every number is digit pieces
+    numbers = words_for_numbers and any(tok[:1].isdigit() for tok in found)
+    if saved:
+        built = "the checkpoint's tokenizer (built from its training run's splits)"
+        fix = "score it on text like its training run's; " + (
+            "a model trained with model.numbers: digits reads every number"
+            if numbers
+            else "no setting adds tokens to it"
+        )
     else:
-        fix = "set task.resample_train: false, or raise task.train_size so the cached splits hold them"
+        built = "the tokenizer (built from the cached splits)"
+        fix = (
+            "set model.numbers: digits (a number is one token per digit, so every number is known)"
+            if numbers
+            else "set task.resample_train: false (train on the cached split, whose text the tokenizer holds)"
+        )
     return UserError(
-        f"{where} holds {sum(found.values())} token(s) in {len(examples)} examples that the tokenizer "
-        f"(built from the cached splits) lacks and would read as <unk>: {shown}{more}; {fix}"
+        f"{where} holds {sum(found.values())} token(s) in {len(examples)} examples that {built} lacks and "
+        f"would read as <unk>: {shown}{more}; {fix}"
     )
 
 
 def first_fresh_problem(c: TrialConfig, data: dict[str, list]) -> UserError | None:
     """`vocabulary_problem` of the first fresh training split (epoch 1) under a tokenizer built as a
-    trial builds it from `data`: for the sweep's driver, before any trial starts. None where it does
-    not apply (no resample_train, a single epoch, a pretrained tokenizer)."""
+    trial builds it from `data`, for the config's method: for the sweep's driver, before any trial
+    starts. None where it does not apply (no resample_train, a single epoch, a pretrained tokenizer)."""
     if not c.task.resample_train or c.train.epochs < 2 or c.model.pretrained is not None:
         return None
     tok = build_tokenizer(split_texts(data), numbers=c.model.numbers)
     task = get_task(c.task.name, **c.task.params)
     where = "task.resample_train: epoch 1's fresh training split"
-    return vocabulary_problem(tok, fresh_split(c, task, data, 1), where, c)
+    return vocabulary_problem(tok, fresh_split(c, task, data, 1), where, get_method(c.method.name, **c.method.params))
 
 
 def splits_cached(c: TrialConfig) -> bool:
@@ -191,7 +215,7 @@ class TrialRun(Runner):
         if self.built_tokenizer and tokenizer_dir is not None:
             for split, exs in self.data.items():
                 where = f"split {split!r} (read with the saved tokenizer of {tokenizer_dir})"
-                if (problem := vocabulary_problem(self.tokenizer, exs, where, c)) is not None:
+                if (problem := vocabulary_problem(self.tokenizer, exs, where, self.method, saved=True)) is not None:
                     raise problem
         self.method.bind_tokenizer(self.tokenizer)  # e.g. Coconut adds <bot>/<eot> to a pretrained vocabulary
         self.encoder = Encoder(self.tokenizer)
@@ -221,7 +245,7 @@ class TrialRun(Runner):
             exs = fresh_split(self.cfg, self.task, self.data, epoch)
             if self.built_tokenizer:
                 problem = vocabulary_problem(
-                    self.tokenizer, exs, f"task.resample_train: epoch {epoch}'s fresh training split", self.cfg
+                    self.tokenizer, exs, f"task.resample_train: epoch {epoch}'s fresh training split", self.method
                 )
                 if problem is not None:
                     raise problem
