@@ -57,11 +57,11 @@ def test_unknown_tokens_are_what_the_tokenizer_encodes_as_unk():
     from stabray.data.tokenizer import build_tokenizer, unknown_tokens
 
     seen = ["dist a 0.25 b 130 | c", "a b c 7"]
-    later = ["dist a 0.5 b 0.25 | zeta 130 131 0.5", "c 127 eta", "a \u00e9t\u00e9 b"]
+    later = ["dist a 0.5 b 0.25 | zeta 130 131 0.5", "c 127 eta", "a \u00e9t\u00e9 b", "<bot><latent> a<eot> 0.5"]
     tok = build_tokenizer(seen)
     got = unknown_tokens(tok, later)
     assert got == encoded_unknowns(tok, later)
-    assert {k: got[k] for k in ("0.5", "zeta", "131", "eta")} == {"0.5": 2, "zeta": 1, "131": 1, "eta": 1}
+    assert {k: got[k] for k in ("0.5", "zeta", "131", "eta")} == {"0.5": 3, "zeta": 1, "131": 1, "eta": 1}
     assert "127" not in got and sum(v for k, v in got.items() if "\u00e9" in k) >= 1  # 0..127 always in
     assert unknown_tokens(tok, seen) == Counter()
     digits = build_tokenizer(seen, numbers="digits")

@@ -38,7 +38,11 @@ def unknown_tokens(tokenizer, texts: Iterable[str]) -> Counter[str]:
         return found
     vocab = tokenizer.get_vocab()
     digits = DIGIT_PIECES[-1] in vocab  # numbers="digits": every number is digit pieces, all in the vocabulary
+    specials = [t for t in tokenizer.all_special_tokens if t]  # <bos>, Coconut's <latent>, ...: whole tokens
     for text in texts:
+        for sp in specials:
+            if sp in text:
+                text = text.replace(sp, " ")
         toks = pre_tokens(text)
         if sum(map(len, toks)) != sum(map(len, text.split())):  # e.g. a non-ASCII letter: the tokenizer's reading
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

@@ -118,15 +118,13 @@ def fresh_split(c: TrialConfig, task, data: dict[str, list], epoch: int) -> list
 
 
 def method_texts(method, examples: list) -> list[str]:
-    """The texts of `examples` a model trained by `method` reads and writes: its prompt
-    (`eval_prompt`: the question, or No CoT's question without the hint) and its target (every step
-    and the final answer, or No CoT's final alone; compression keeps some of the steps, differently
-    every epoch, so all of them are read)."""
-    return [
-        t
-        for e in examples
-        for t in (method.eval_prompt(e), e.answer if method.chain_at_eval else e.render_answer(None))
-    ]
+    """The task text of `examples` a model trained by `method` reads and writes: its question (No CoT's
+    without the hint) and its target (every step and the final answer, or No CoT's final alone;
+    compression keeps some of the steps, differently every epoch, so all of them are read). A
+    method's own marker tokens (Coconut's) are in every vocabulary and are not task text."""
+    if method.chain_at_eval:
+        return [t for e in examples for t in (e.question, e.answer)]
+    return [t for e in examples for t in (e.question_nohint, e.render_answer(None))]
 
 
 def vocabulary_problem(tokenizer, examples: list, where: str, method, saved: bool = False) -> UserError | None:
