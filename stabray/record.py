@@ -217,7 +217,8 @@ METRICS: dict[str, Metric] = {
         Metric(
             "weight_noise_loss_increase",
             "final",
-            "mean increase of the inference loss under N(0, sigma^2) weight noise (Appendix B.2)",
+            "mean increase of the inference loss under N(0, sigma^2) weight noise (Appendix B.2); on a QAT "
+            "model the noise is added to the quantized weights the layers compute with",
         ),
         Metric("test_infer_loss", "final", "||hat theta_T - theta_T||^2, self-generated iterates, test", runners=_ICL),
         Metric("test_infer_star", "final", "||hat theta_T - theta*||^2, self-generated iterates, test", runners=_ICL),

@@ -74,6 +74,44 @@ def test_qat_targets_skip_output_head(tiny_model):
     assert len(names) == sum(isinstance(m, nn.Linear) for m in tiny_model.modules()) - 1
 
 
+@pytest.mark.parametrize("quantizer", ["fixed", "lsq"])
+def test_gpt2_conv1d_layers_are_quantized_per_output_channel(quantizer):
+    """GPT-2's attention and MLP layers are transformers' Conv1D (a linear map stored (in, out)), not
+    nn.Linear: they are quantized too, each output channel (a column of the stored weight) on its own
+    levels, and the layer computes x @ Q(W^T)^T; the same layer as an nn.Linear gives the same output.
+    The output head is left out; a target with no layer is refused rather than trained at full
+    precision under a `bits` label."""
+    from transformers.pytorch_utils import Conv1D
+
+    from stabray.data.tokenizer import build_tokenizer
+    from stabray.models import ModelSpec, build_model
+
+    tok = build_tokenizer(["a b c [ ] 0.5 |"])
+    model = build_model(ModelSpec(preset="tiny", family="gpt2", max_positions=32), tok)
+    convs = [m for m in model.modules() if isinstance(m, Conv1D)]
+    assert convs and apply_qat(model, 2, "auto", quantizer) == len(convs)
+    torch.manual_seed(0)
+    for conv in convs:
+        w = conv.parametrizations.weight.original.detach()  # (in, out)
+        lin = nn.Linear(w.shape[0], w.shape[1], bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(w.t())
+        apply_qat(nn.Sequential(lin), 2, "all_linear", quantizer)
+        if quantizer == "lsq":  # the same learned step and offset as the Conv1D's quantizer
+            inner = conv.parametrizations.weight[0].inner
+            lin.parametrizations.weight[0].step.data.copy_(inner.step.data)
+        x = torch.randn(3, w.shape[0])
+        torch.testing.assert_close(conv(x), lin(x) + conv.bias)
+        q = conv.weight.detach()
+        assert all(len(torch.unique(q[:, j])) <= 4 for j in range(q.shape[1]))
+        if quantizer == "fixed":
+            torch.testing.assert_close(q, quantize(w.t(), 2).t())
+    head = model.get_output_embeddings()
+    assert not hasattr(head, "parametrizations")
+    with pytest.raises(UserError, match="bits=2 with quantize='base': the model has no linear layer to quantize"):
+        apply_qat(nn.Sequential(nn.ReLU()), 2, "base")
+
+
 @pytest.mark.parametrize(
     "T,lam,k",
     [(10, 0.1, 1), (10, 0.2, 2), (10, 0.5, 5), (10, 1.0, 10), (7, 0.2, 1), (3, 0.1, 1), (0, 0.5, 0), (28, 0.2, 5)],

@@ -30,11 +30,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from stabray.errors import UserError
 from stabray.methods.base import METHODS, Method
-from stabray.methods.qat import QAT_TARGETS, QUANTIZERS, VALID_BITS, apply_qat, quantizable_linears, quantize
+from stabray.methods.qat import (
+    QAT_TARGETS,
+    QUANTIZERS,
+    VALID_BITS,
+    apply_qat,
+    no_layer_problem,
+    quantizable_linears,
+    quantize,
+    register_rows,
+)
 
 STRATEGIES = ("random", "drop_first", "drop_last", "equal")
 EVAL_CHAINS = ("compressed", "full")
@@ -147,8 +155,11 @@ class Alg1(Method):
             if p.noise == "quant":
                 apply_qat(model, p.bits, p.quantize, p.quantizer)
             else:
-                for _, mod in quantizable_linears(model, p.quantize):
-                    parametrize.register_parametrization(mod, "weight", GaussianWeightNoise(p.bits))
+                mods = quantizable_linears(model, p.quantize)
+                if not mods and p.quantize != "lora":  # "lora": refused by the config check (no_layer_problem)
+                    raise UserError(no_layer_problem(p.bits, p.quantize))
+                for _, mod in mods:
+                    register_rows(mod, lambda w: GaussianWeightNoise(p.bits))
         return model
 
     def train_view(self, ex, epoch, rng):

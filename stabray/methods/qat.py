@@ -194,14 +194,51 @@ def make_quantizer(kind: str, w: torch.Tensor, bits: int) -> nn.Module:
 # ---------------------------------------------------------------- which weights
 
 
-def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Linear]]:
-    """Linear layers to quantize. target: "auto" (LoRA A/B if the model has LoRA, else every Linear
-    but the output head), "lora", "base" (every non-LoRA Linear but the head), "all_linear"."""
+def linear_types() -> tuple[type, ...]:
+    """The layer types that are linear maps with a weight matrix: `nn.Linear` (out, in) and
+    transformers' `Conv1D` (GPT-2's attention and MLP layers: a linear map whose weight is stored
+    (in, out))."""
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D)
+
+
+def is_transposed(mod: nn.Module) -> bool:
+    """Whether `mod` stores its weight (in, out) (transformers' Conv1D) rather than (out, in)."""
+    return not isinstance(mod, nn.Linear)
+
+
+class OutputRows(nn.Module):
+    """A parametrization written for (out, in) weights (per-row steps, offsets and scales: one per
+    output channel) applied to a layer that stores its weight (in, out): W -> inner(W^T)^T."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return self.inner(w.t()).t()
+
+
+def register_rows(mod: nn.Module, make) -> None:
+    """Register `make(W)` (a parametrization of an (out, in) weight W, built from it) on `mod`'s weight,
+    through `OutputRows` where the layer stores it transposed."""
+    if is_transposed(mod):
+        parametrize.register_parametrization(mod, "weight", OutputRows(make(mod.weight.detach().t())))
+    else:
+        parametrize.register_parametrization(mod, "weight", make(mod.weight))
+
+
+def quantizable_linears(model: nn.Module, target: str) -> list[tuple[str, nn.Module]]:
+    """Linear layers to quantize (`linear_types`: GPT-2's Conv1D layers too). target: "auto" (LoRA A/B
+    if the model has LoRA, else every linear layer but the output head), "lora", "base" (every
+    non-LoRA linear layer but the head), "all_linear"."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     out = []
     has_lora = any("lora_" in n for n, _ in model.named_modules())
+    kinds = linear_types()
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.Linear) or mod is head:
+        if not isinstance(mod, kinds) or mod is head:
             continue
         parts = name.split(".")
         is_lora = "lora_A" in parts or "lora_B" in parts
@@ -244,7 +281,8 @@ class MergedLoRAQuantize(nn.Module):
 
 
 def apply_qat(model: nn.Module, bits: int, target: str = "auto", quantizer: str = "lsq") -> int:
-    """Register fake quantization on the chosen weights; returns how many layers were wrapped."""
+    """Register fake quantization on the chosen weights; returns how many layers were wrapped. A model
+    with no layer to quantize is refused (it would train at full precision under a `bits` label)."""
     if bits >= 32:
         return 0
     if target == "merged":
@@ -252,6 +290,11 @@ def apply_qat(model: nn.Module, bits: int, target: str = "auto", quantizer: str 
         if not layers:
             raise UserError("quantize='merged' quantizes W0 + s B A of LoRA layers, and the model has no LoRA")
         for name, lay in layers:
+            if is_transposed(lay.base_layer):
+                raise UserError(
+                    f"quantize='merged': {name} is a Conv1D layer (GPT-2), whose merged weight is not "
+                    "implemented; use quantize auto, lora or base"
+                )
             if any(getattr(d, "p", 0.0) > 0 for d in lay.lora_dropout.values()):
                 raise UserError(
                     f"quantize='merged': {name} has LoRA dropout, which a merged weight cannot express; set "
@@ -260,6 +303,18 @@ def apply_qat(model: nn.Module, bits: int, target: str = "auto", quantizer: str 
             parametrize.register_parametrization(lay.base_layer, "weight", MergedLoRAQuantize(lay, quantizer, bits))
         return len(layers)
     mods = quantizable_linears(model, target)
+    if not mods and target != "lora":
+        raise UserError(no_layer_problem(bits, target))
     for _, mod in mods:
-        parametrize.register_parametrization(mod, "weight", make_quantizer(quantizer, mod.weight, bits))
+        register_rows(mod, lambda w: make_quantizer(quantizer, w, bits))
     return len(mods)
+
+
+def no_layer_problem(bits: int, target: str) -> str:
+    """The refusal of a QAT target with no layer in the model. Not raised for "lora" on a model without
+    LoRA: the config check (`qat_model_problem`) refuses that before a model is built, and a checkpoint
+    trained that way before the check existed still loads (`load_run`)."""
+    return (
+        f"bits={bits} with quantize={target!r}: the model has no linear layer to quantize there, so it "
+        "would train at full precision under that label"
+    )
