@@ -322,6 +322,27 @@ def write_spec(tmp_path, text=SPEC):
     return path
 
 
+def test_the_validation_floor_is_read_on_the_examples_val_acc_scores(tmp_path, cache_dir):
+    """eval.val_examples: val_acc scores the first N validation examples, so trivial_val_acc is the
+    best rule on those N (on this draw the whole split's floor differs, so reading the whole split
+    fails this)."""
+    from stabray.train import make_run
+
+    spec, _ = load_spec(str(write_spec(tmp_path)))
+    cfg = {**spec.trial_base(), "cache_dir": cache_dir}
+    first = make_run(cfg)
+    val = first.data["val"]
+
+    def floor(exs):
+        return max(first.task.baseline_accuracy(exs).values())
+
+    n = next(k for k in range(1, len(val)) if floor(val[:k]) != floor(val))  # a count where the two differ
+    cfg["eval"] = {**cfg["eval"], "val_examples": n}
+    run = make_run(cfg)
+    assert run.trivial_accuracy()["trivial_val_acc"] == floor(val[:n])
+    assert len(run.evaluate("val", run.cfg.eval.val_examples).predictions) == n
+
+
 def test_spec_with_explicit_sizes_logs_named_metrics_and_floors(tmp_path, cache_dir):
     from stabray.train import make_run
 

@@ -366,11 +366,14 @@ class TrialRun(Runner):
         return out
 
     def trivial_accuracy(self) -> dict[str, float]:
-        """trivial_<metric>: the best of the task's trivial rules on the validation split and each
+        """trivial_<metric>: the best of the task's trivial rules on the examples each accuracy is read
+        on: the validation examples `val_acc` scores (the first eval.val_examples, or all) and each
         test split (none if the task names no rule)."""
         out = {}
+        n_val = self.cfg.eval.val_examples
         for s in ("val", "test", *self.long_splits):
-            rules = self.task.baseline_accuracy(self.data[s])
+            exs = self.data[s][:n_val] if s == "val" and n_val else self.data[s]
+            rules = self.task.baseline_accuracy(exs)
             if rules:
                 out[trivial_metric(s)] = max(rules.values())
         return out
