@@ -278,7 +278,8 @@ def table1(
             else _absent(trials, t, m)
             for m in meths
         ]
-    floor = _floors(trials, "trivial_" + metric, tasks)
+    scored = seeds_of(trials, selected) if not selected.is_empty() else trials.clear()
+    floor, spread = _floors(scored, "trivial_" + metric, tasks)
     if floor:
         display["Method"].append(FLOOR_LABEL)
         for t in tasks:
@@ -305,6 +306,13 @@ def table1(
     )
     ns = [r["n"] for r in cell.values()]
     note = "" if ns else f"No finished trial has {metric}."
+    if spread:  # the selected configurations of a task were scored on different examples
+        note = (note + " " if note else "") + (
+            "The selected configurations of "
+            + ", ".join(f"{task_label(t)} ({lo:.3f}-{hi:.3f})" for t, (lo, hi) in spread.items())
+            + " logged different trivial-rule floors, so they were scored on different examples (the "
+            "experiment holds trials of more than one task setting); the floor shown is their mean."
+        )
     epochs = _epochs(trials, selected)
     if epochs:
         caption += f"; epochs run: {epochs}"
@@ -314,14 +322,24 @@ def table1(
 FLOOR_LABEL = "Best trivial rule"  # the last row of a Table 1 variant: accuracy without learning
 
 
-def _floors(trials: pl.DataFrame, floor_metric: str, tasks: Sequence[str]) -> dict[str, float]:
-    """Per task, the best trivial rule's accuracy as the finished trials logged it (the rule's
-    accuracy on the evaluation split, the same for every trial with the task's data settings; the
-    mean if settings differ)."""
+def _floors(
+    trials: pl.DataFrame, floor_metric: str, tasks: Sequence[str]
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Per task, the best trivial rule's accuracy as `trials` (the seeds of the selected
+    configurations) logged it: the rule's accuracy on the evaluation split, the same for every trial
+    scored on the same examples; the mean if they differ, and then (second dict) the task's lowest
+    and highest floor, for a note."""
     if floor_metric not in trials.columns:
-        return {}
+        return {}, {}
     rows = trials.filter(pl.col(floor_metric).is_not_null())
-    return {t: float(rows.filter(pl.col("task") == t)[floor_metric].mean()) for t in tasks if t in rows["task"]}
+    floor, spread = {}, {}
+    for t in tasks:
+        vals = rows.filter(pl.col("task") == t)[floor_metric]
+        if len(vals):
+            floor[t] = float(vals.mean())
+            if float(vals.max()) - float(vals.min()) > 1e-9:
+                spread[t] = (float(vals.min()), float(vals.max()))
+    return floor, spread
 
 
 def table1_sized(trials: pl.DataFrame, rule: Rule = BEST) -> list[Table]:

@@ -55,7 +55,9 @@ METRICS: dict[str, Metric] = {
         Metric(
             "train_loss",
             "epoch",
-            "mean training loss over the epoch's steps (text: next-token cross-entropy, nats)",
+            "mean training loss over the epoch's steps: the method's training objective (text: next-token "
+            "cross-entropy, nats; jacreg adds its beta-weighted Jacobian penalty, MTP its extra heads' losses, "
+            "NSO its perturbed-latent losses)",
             better="min",
         ),
         Metric(
@@ -502,7 +504,42 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
         p["lora_rank"] = model["lora"].get("rank")
     p.update(model_shape(model))
     p.update(model_positions(model))
+    digest = config_digest(config)
+    if digest is not None:
+        p["config_digest"] = digest
     return p
+
+
+# Trial config fields that say where a trial runs, not what it is: left out of `config_digest`
+PLACEMENT_FIELDS = {"seed": True, "device": True, "cache_dir": True, "train": {"threads": True}}
+
+
+def config_digest(config: dict[str, Any]) -> str | None:
+    """12 hex digits of the whole trial config but its seed and where it runs (`PLACEMENT_FIELDS`),
+    defaults left out (a value written at its default is the same configuration): logged as a param,
+    so `config_key` tells apart trials that differ in a setting no other param names (model.family,
+    init_std, numbers, weight_decay, schedule, the eval settings, ...) instead of pooling them as seeds
+    of one configuration. None for a config that does not validate."""
+    import hashlib
+
+    from stabray.config import parse_trial_config
+    from stabray.errors import UserError
+
+    try:
+        cfg = parse_trial_config(config)
+    except UserError:
+        return None
+    from stabray.methods import METHODS
+
+    d = cfg.model_dump(mode="json", exclude_defaults=True, exclude=PLACEMENT_FIELDS)
+    d = {k: v for k, v in d.items() if v != {}}  # a section left with placement fields only
+    method_cls = METHODS.get(cfg.method.name)
+    try:  # the method's hyperparameters with their defaults filled in: lam 0.2 written or not is one config
+        full = dataclasses.asdict(method_cls.Params(**cfg.method.params))
+        d["method"] = {"name": method_cls.name, "params": json.loads(json.dumps(full, default=str))}
+    except TypeError:
+        pass
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def model_positions(model: dict[str, Any]) -> dict[str, Any]:
@@ -579,6 +616,7 @@ PARAM_TYPES: dict[str, pl.DataType] = {
     "n_nodes": pl.Int64,
     "latents_per_step": pl.Int64,  # Coconut
     "sigma": pl.Float64,
+    "config_digest": pl.Utf8,  # 12 hex digits (could read as a number)
 }
 # Params left out of `config_key`: trials that differ only in these are seeds of one configuration.
 SEED_PARAMS = ("seed",)

@@ -160,6 +160,33 @@ def test_one_per_seed_keeps_the_selected_trial_the_logged_metric_and_seedless_tr
     assert one_per_seed(seedless).height == 3  # no seed to compare: nothing set aside
 
 
+def test_settings_no_other_param_names_are_different_configurations():
+    """Trials whose configs differ only in a setting without a param of its own (model.family here)
+    are two configurations (the logged `config_digest`), not four seeds of one: Table 1 shows the
+    selected one's two seeds, n=2, and its floor from them; a note says when the selected
+    configurations of a task logged different floors (scored on different examples)."""
+    from stabray.record import trial_params
+
+    def trial(tid, family, seed, val, test, floor=0.5):
+        cfg = {"task": {"name": "dijkstra", "params": {"n_nodes": 4}}, "method": {"name": "sft_cot"},
+               "model": {"family": family, "max_positions": 512}, "seed": seed}  # fmt: skip
+        metrics = {"val_acc": val, "test_acc": test, "trivial_test_acc": floor}
+        return TrialRecord(tid, {k: str(v) for k, v in trial_params(cfg).items()}, metrics, [(1, val)], "FINISHED")
+
+    rows = [trial("q0", "qwen2", 0, 0.5, 0.40), trial("q1", "qwen2", 1, 0.5, 0.42)]
+    rows += [trial("g0", "gpt2", 0, 0.9, 0.88), trial("g1", "gpt2", 1, 0.9, 0.86)]
+    trials = trials_frame(rows)
+    assert trials["config_key"].n_unique() == 2
+    t = table1(trials)
+    cell = t.display.filter(pl.col("Method") == "SFT-CoT")["Dijkstra"][0]
+    assert cell == f"{np.mean([0.88, 0.86]) * 100:.1f} ± {np.std([0.88, 0.86], ddof=1) * 100:.1f} (n=2)"
+    assert t.note == ""
+    rows[3] = trial("g1", "gpt2", 1, 0.9, 0.86, floor=0.7)  # one seed scored on other examples
+    t = table1(trials_frame(rows))
+    assert t.display.filter(pl.col("Method") == "Best trivial rule")["Dijkstra"][0] == "60"
+    assert "Dijkstra (0.500-0.700) logged different trivial-rule floors" in t.note
+
+
 def test_mean_std_over_seeds_matches_numpy():
     accs = [0.70, 0.74, 0.79]
     trials = trials_frame(

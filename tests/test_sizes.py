@@ -119,7 +119,8 @@ def test_fresh_training_splits_follow_the_weights(tmp_path, cache_dir):
     text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_weights: [1, 9],")
     text = text.replace("train_size: 32", "train_size: 200\n  resample_train: true")
     spec, _ = load_spec(str(write_spec(tmp_path, text)))
-    run = make_run({**spec.trial_base(), "cache_dir": cache_dir})
+    base = spec.trial_base()  # digits: a fresh split can hold a distance the small cached splits never held
+    run = make_run({**base, "cache_dir": cache_dir, "model": {**base["model"], "numbers": "digits"}})
     fresh = run.fresh_train(1)
     assert fresh != run.data["train"] and len(fresh) == 200
     n4 = sum(e.meta["n"] == 4 for e in fresh)
@@ -135,7 +136,8 @@ def test_train_size_schedule_moves_the_training_sizes_between_epochs(tmp_path, c
     text = SPEC.replace("train_sizes: [3, 4],", "train_sizes: [3, 4], train_size_schedule: {{0: [9, 1], 2: [1, 9]}},")
     text = text.replace("train_size: 32", "train_size: 200\n  resample_train: true")
     spec, _ = load_spec(str(write_spec(tmp_path, text)))
-    run = make_run({**spec.trial_base(), "cache_dir": cache_dir})
+    base = spec.trial_base()  # digits: a fresh split can hold a distance the small cached splits never held
+    run = make_run({**base, "cache_dir": cache_dir, "model": {**base["model"], "numbers": "digits"}})
     band = 4 * np.sqrt(200 * 0.9 * 0.1)
     for epoch, want3 in ((0, 180), (1, 180), (2, 20), (5, 20)):
         n3 = sum(e.meta["n"] == 3 for e in run.trainer._examples(epoch))
