@@ -1,7 +1,8 @@
 """Configuration selection and aggregation over seeds.
 
 A trial's validation score is `best_val_acc` (max over epochs), else its last `val_acc`; its EAF is
-the validation EAF of its last epoch (`val_eaf`: selection reads validation numbers only). Per group
+the validation EAF of its last epoch (`val_eaf`: selection reads validation numbers only; none where
+the last epoch measured none, not an earlier epoch's, `stabray.record.LAST_EPOCH_ONLY`). Per group
 (default (task, method)) one FINISHED trial is selected (a trial stopped early by ASHA, the EAF rule
 or a search.stop_if rule, that failed or was killed never is: its final metrics are missing or from
 a shorter run) by a rule (`Rule`, `python -m stabray report --select`):

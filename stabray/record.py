@@ -854,13 +854,23 @@ def history_of(results: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return out
 
 
+# Per-epoch metrics read as the trial's last epoch's: absent there (the EAF's empty sum at the last
+# epoch, say), an earlier epoch's value is not the trial's, so the trial has none (`last_metrics`)
+LAST_EPOCH_ONLY = ("val_eaf",)
+
+
 def last_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
-    """The last value of every numeric key over a trial's reported results."""
+    """The last value of every numeric key over a trial's reported results, except that a
+    `LAST_EPOCH_ONLY` metric counts only when the last epoch's result (the last with `val_acc`) has it."""
     metrics: dict[str, float] = {}
     for res in results:
         for k, v in res.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and not _is_missing(v):
                 metrics[k] = float(v)
+    last_epoch = next((r for r in reversed(results) if "val_acc" in r), None)
+    for k in LAST_EPOCH_ONLY:
+        if last_epoch is not None and _is_missing(last_epoch.get(k)):
+            metrics.pop(k, None)
     return metrics
 
 

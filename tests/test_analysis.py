@@ -187,6 +187,19 @@ def test_settings_no_other_param_names_are_different_configurations():
     assert "Dijkstra (0.500-0.700) logged different trivial-rule floors" in t.note
 
 
+def test_a_per_epoch_eaf_counts_only_from_the_last_epoch():
+    """A trial's val_eaf is its last epoch's: where the last epoch logged none (an empty sum), an
+    earlier epoch's value does not stand in (the Ray Tune folder's reading; the MLflow one is checked
+    in test_mlflow_store_load_and_report)."""
+    from stabray.record import last_metrics
+
+    results = [{"val_acc": 0.5, "val_eaf": 3.0, "epoch": 1}, {"val_acc": 0.6, "epoch": 2}, {"test_acc": 0.7}]
+    got = last_metrics(results)
+    assert "val_eaf" not in got and got["val_acc"] == 0.6 and got["test_acc"] == 0.7
+    results[1]["val_eaf"] = 2.0
+    assert last_metrics(results)["val_eaf"] == 2.0
+
+
 def test_mean_std_over_seeds_matches_numpy():
     accs = [0.70, 0.74, 0.79]
     trials = trials_frame(
@@ -477,6 +490,7 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
             mlflow.entities.Metric(k, v, 0, e + 1)
             for e, v in enumerate(vals)
             for k, v in (("val_acc", v), ("val_eaf", 5.0 - e), ("train_loss", 1.0 / (e + 1)), ("epoch_time_s", 1.0))
+            if not (i == 1 and k == "val_eaf" and e == 1)  # trial_1's last epoch measured no EAF (an empty sum)
         ]
         last = len(vals)
         metrics += [
@@ -496,6 +510,7 @@ def test_mlflow_store_load_and_report(tmp_path, monkeypatch):
     assert df["trial_id"].to_list() == ["trial_0", "trial_1", "trial_2"]
     assert df["best_epoch"].to_list() == [2, 1, 1] and df["bits"].to_list() == [32, 32, 1]
     assert df.schema["lr"] == pl.Float64 and df["test_acc"].to_list() == [0.55, 0.50, 0.71]
+    assert df["val_eaf"].to_list() == [4.0, None, 4.0]  # epoch 1's 5.0 is not trial_1's last epoch's EAF
     assert loaded.decomposition.height == 3 and set(loaded.decomposition["trial_id"]) == {"trial_2"}
 
     out = build_report("dijkstra", uri, out=tmp_path / "report")

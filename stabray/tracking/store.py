@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stabray.errors import UserError, unwritable
-from stabray.record import TrialRecord, logged_name, record_name, trial_status
+from stabray.record import LAST_EPOCH_ONLY, TrialRecord, logged_name, record_name, trial_status
 
 ROLE, SWEEP, TRIAL_ID = "stabray.role", "stabray.sweep", "stabray.trial_id"
 PARENT = "mlflow.parentRunId"
@@ -565,6 +565,11 @@ class Store:
                         params[key] = tags[f"stabray.{key}"]
                 metrics = {record_name(k): _inf(v) for k, v in run.data.metrics.items()}
                 history = [(m.step, m.value) for m in self.client.get_metric_history(rid, "val_acc")]
+                for key in LAST_EPOCH_ONLY:  # logged at an earlier epoch than the last: not the trial's
+                    if key in metrics and history:
+                        steps = [m.step for m in self.client.get_metric_history(rid, logged_name(key))]
+                        if max(steps, default=-1) < max(step for step, _ in history):
+                            del metrics[key]
                 status = tags.get(STATUS) or run.info.status  # MLflow's, unless the tag says STOPPED
                 records.append(
                     TrialRecord(
