@@ -844,7 +844,7 @@ def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
         [*selected.iter_rows(named=True), *({**blank, "task": t, "method": m} for t, m in absent)],
         key=lambda r: (tasks.index(r["task"]), meths.index(r["method"])),
     )
-    cols = ["Task", "Method", *(HPARAM_LABELS.get(c, c) for c in hp), "Val. acc. (%)", "Trial"]
+    cols = ["Task", "Method", *(HPARAM_LABELS.get(c, c) for c in hp), "Best val. acc. (%)", "Trial"]
     scale = _pct_scale(selected["score"])
 
     def show(c, v):
@@ -865,7 +865,7 @@ def table5(trials: pl.DataFrame, rule: Rule = BEST) -> Table:
         for r in rows
     ]
     data = pl.DataFrame(rows, schema=selected.schema)  # the CSV in the order of the displayed rows
-    data = data.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "val_acc"})
+    data = data.select(["task", "method", *hp, "score", "trial_id", "config_key"]).rename({"score": "best_val_acc"})
     why = [None if r["trial_id"] is not None else absent[(r["task"], r["method"])] for r in rows]
     data = data.with_columns(absent=pl.Series(why, dtype=pl.Utf8))
     return Table(name, caption, pl.DataFrame(disp, schema=cols, orient="row"), data)

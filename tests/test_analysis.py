@@ -347,7 +347,7 @@ def test_row_tables_keep_a_row_for_groups_without_a_finished_trial():
     assert t4.display["Model"].to_list() == ["tiny"] * 4 and t4.display["n"].to_list()[1:] == ["0"] * 3
     assert t4.data["absent"].to_list() == [None, MISSING, NO_FINISHED, NO_FINISHED]
     assert t5.display["Method"].to_list() == ["SFT-CoT", "Coconut", "NSO", "Algorithm 1"]
-    assert t5.display["Val. acc. (%)"].to_list() == ["60.0", MISSING, NO_FINISHED, NO_FINISHED]
+    assert t5.display["Best val. acc. (%)"].to_list() == ["60.0", MISSING, NO_FINISHED, NO_FINISHED]
     assert t5.display["Trial"].to_list() == ["a", MISSING, MISSING, MISSING]
     assert t5.data["absent"].to_list() == [None, MISSING, NO_FINISHED, NO_FINISHED]
     assert t5.data["trial_id"].to_list() == ["a", None, None, None]

@@ -91,6 +91,21 @@ def test_trained_linear_jacobian_matches_theory(tmp_path):
     assert all(v < 1 for v in s["jac_norm_max"])  # contraction: the EAF is a convergent series
 
 
+def test_eaf_off_logs_no_test_eaf(tmp_path):
+    """eval.eaf_examples 0 turns the EAF off in both runners: no val_eaf, and no test_eaf at the end
+    (the figures' curves and jac_err_max are still computed); on, test_eaf is logged."""
+    cfg = _cfg(tmp_path, epochs=1, train_size=128)
+    cfg["eval"] = {**cfg["eval"], "eaf_examples": 0, "decomposition_examples": 0, "weight_noise_seeds": 0}
+    run = make_run(cfg)
+    assert "val_eaf" not in run.epoch()
+    final = run.final()
+    assert "test_eaf" not in final and "jac_err_max" in final
+    cfg["eval"]["eaf_examples"] = 4
+    run = make_run(cfg)
+    run.epoch()
+    assert "test_eaf" in run.final()
+
+
 def test_runner_through_make_run_final_and_checkpoint(tmp_path):
     run = make_run(_cfg(tmp_path, epochs=1))
     m = run.epoch()

@@ -548,21 +548,21 @@ def test_table5_every_cell(store, built):
         _, header, rows, _ = md(folder / "table5_hparams.md")
         data = csv_rows(folder / "table5_hparams.csv")
         assert header[:5] == ["Task", "Method", "Bits", "Learning rate", "λ"]
-        assert header[-2:] == ["Val. acc. (%)", "Trial"]
+        assert header[-2:] == ["Best val. acc. (%)", "Trial"]
         # a hyperparameter column is a param of the trials, never one of their metrics
-        assert not set(header) & logged and not set(data[0]) & (logged - {"val_acc"}), header
+        assert not set(header) & logged and not set(data[0]) & (logged - {"best_val_acc"}), header
         assert len(rows) == len(data) == len(groups) == 3 and len(chosen) == 2
         for row, c, g in zip(rows, data, groups, strict=True):
             if g not in chosen:
                 why = why_empty(store, by, g)
                 assert why == "no finished trial" and row["Method"] == LABELS[g[1]], row
-                assert row["Val. acc. (%)"] == c["absent"] == why and row["Trial"] == "–" and c["trial_id"] == ""
+                assert row["Best val. acc. (%)"] == c["absent"] == why and row["Trial"] == "–" and c["trial_id"] == ""
                 assert all(row[k] == "–" for k in header[2:-2]), row
                 continue
             sel = chosen[g]
             assert row["Method"] == LABELS[g[1]] and row["Trial"] == sel.id == c["trial_id"]
-            shows(row["Val. acc. (%)"], sel.score * 100)
-            close(c["val_acc"], sel.score)
+            shows(row["Best val. acc. (%)"], sel.score * 100)
+            close(c["best_val_acc"], sel.score)
             bits = int(sel.params["bits"])
             assert row["Bits"] == ("32 (full)" if bits == 32 else f"{bits}-bit")
             shows(row["Learning rate"], float(sel.params["lr"]))

@@ -376,7 +376,9 @@ class ICLRun(Runner):
             "test_infer_star": c["infer_star"][-1],
             "jac_err_max": max(s["jac_err"]),
         }
-        if self.T >= 2:  # at T_max 1 the EAF is an empty sum (0 by definition): not logged
+        # at T_max 1 the EAF is an empty sum (0 by definition): not logged; nor with eval.eaf_examples 0
+        # (the EAF off, as in the text runner; the figures' curves still use 32 prompts)
+        if self.T >= 2 and ev.eaf_examples:
             out["test_eaf"] = s["eaf"][-1]
         for k, vals in curves.items():
             for t, v in enumerate(vals, 1):
