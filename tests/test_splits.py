@@ -19,6 +19,10 @@ def assert_no_duplicates(splits):
     for name in EVAL_SPLITS:
         if name in splits:
             assert not train & {e.question for e in splits[name]}, f"train shares a question with {name}"
+    evals = [name for name in splits if name != "train"]
+    for i, a in enumerate(evals):  # no evaluation split shares a question with another (test none with val)
+        for b in evals[i + 1 :]:
+            assert not {e.question for e in splits[a]} & {e.question for e in splits[b]}, f"{a} and {b} share"
 
 
 def test_default_sizes_and_lengths_dijkstra():
@@ -65,6 +69,23 @@ def test_dedup_when_collisions_are_common(name, param):
     splits = make_splits(task, {"train": 80, "val": 20, "test": 20}, seed=0, splits=("train", "val", "test"))
     assert [len(v) for v in splits.values()] == [80, 20, 20]
     assert_no_duplicates(splits)
+
+
+def test_test_shares_no_question_with_validation_and_a_split_alone_is_the_same():
+    """4-node BFS at the default sizes has few distinct questions: drawn independently, 34 of the 200
+    test questions were validation ones. Now each evaluation split redraws a question an earlier one
+    holds; a split asked for alone (the driver's validation split, a test split on its own) is the
+    list the full draw gives; a split without a collision is the independent draw it was."""
+    task = get_task("bfs", n_nodes=4)
+    full = make_splits(task, seed=0)
+    val = {e.question for e in full["val"]}
+    assert not val & {e.question for e in full["test"]}
+    independent = draw(task, "test", 200, 0, task.in_dist_sizes)
+    assert len(val & {e.question for e in independent}) == 34  # what the old draw held
+    for alone in (("val",), ("test",), ("test_longer",), ("train", "test")):
+        got = make_splits(task, seed=0, splits=alone)
+        assert list(got) == list(alone) and all(got[s] == full[s] for s in alone if s != "train"), alone
+    assert full["test_long"] == draw(task, "test_long", 200, 0, 5)  # no collision: as drawn alone
 
 
 def test_other_length_on_request():

@@ -25,7 +25,9 @@ from pathlib import Path
 from stabray.data.splits import eval_splits, make_splits
 from stabray.tasks.base import Example, Task
 
-FORMAT_VERSION = "3"  # 2: FINGERPRINT beside the splits; 3: the fingerprint hashes lengths + UTF-8, not JSON
+# 2: FINGERPRINT beside the splits; 3: the fingerprint hashes lengths + UTF-8, not JSON; 4: an evaluation
+# split shares no question with an earlier one (test none with val: stabray.data.splits)
+FORMAT_VERSION = "4"
 FINGERPRINT = "stabray_fingerprint.json"
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,13 @@ changing one split's size leaves the others unchanged. A split drawn at a mix of
 `train_sizes`) draws each example's size uniformly from the mix with that same RandomState (the
 training split with the task's weights when it has them: `train_size_weights`, or the
 `train_size_schedule` entry for epoch 0; a resampled training split takes each epoch's entry).
-Evaluation splits are drawn first; training examples whose question already appears in any
-evaluation split are redrawn.
+Evaluation splits are drawn first, in the order `eval_splits` gives (val, test, the length splits):
+an example whose question already appears in an earlier evaluation split is redrawn (so test never
+shares a question with the validation split selection reads), and a split asked for alone is drawn
+after the splits before it, so it is the same list either way. Training examples whose question
+appears in any evaluation split are redrawn. (Before data format 4 the evaluation splits were drawn
+independently and could share questions: 8 of the default Dijkstra spec's 200 test questions were
+validation questions, 34 of BFS's; a split without such a question is drawn as it was.)
 """
 
 from __future__ import annotations
@@ -106,12 +111,17 @@ def make_splits(
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
     out: dict[str, list[Example]] = {}
     eval_questions: set[str] = set()
-    for split in splits:
-        if split == "train":
-            continue
+    order = eval_splits(task)
+    wanted = [s for s in splits if s != "train"]
+    for s in wanted:
+        if s not in order:
+            split_size_of(task, s)  # an unknown split: a UserError naming the known ones
+    last = max((order.index(s) for s in wanted), default=-1)
+    for split in order[: last + 1]:  # every evaluation split up to the last one asked for, in order
         n = sizes.get(split, sizes["test"])
-        out[split] = draw(task, split, n, seed, split_size_of(task, split))
+        out[split] = draw(task, split, n, seed, split_size_of(task, split), exclude=eval_questions)
         eval_questions.update(e.question for e in out[split])
+    eval_questions = {e.question for s in wanted for e in out[s]}  # what training must not hold
     if "train" in splits:
         out["train"] = draw(
             task, "train", sizes["train"], seed, task.in_dist_sizes, exclude=eval_questions, probs=task.train_size_probs
