@@ -707,9 +707,17 @@ def _infer(values: list[Any]) -> pl.DataType:
     return pl.Utf8
 
 
-def config_key(params: dict[str, Any]) -> str:
-    """All params except the seed, as canonical JSON: equal keys = seeds of one configuration."""
-    return json.dumps({k: str(v) for k, v in sorted(params.items()) if k not in SEED_PARAMS})
+def config_key(params: dict[str, Any], ignore: tuple[str, ...] = ()) -> str:
+    """All params except the seed (and `ignore`), as canonical JSON: equal keys = seeds of one
+    configuration."""
+    return json.dumps({k: str(v) for k, v in sorted(params.items()) if k not in SEED_PARAMS and k not in ignore})
+
+
+def key_ignores(records: list[TrialRecord]) -> tuple[str, ...]:
+    """What `config_key` leaves out over `records`: `config_digest` where some trials lack it (logged
+    before it existed), so that their configurations and the later trials' still meet as before."""
+    has = {"config_digest" in r.params for r in records}
+    return ("config_digest",) if len(has) > 1 else ()
 
 
 def _best_epoch(history: list[tuple[int, float]]) -> tuple[int | None, float | None]:
@@ -739,6 +747,7 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
     test_acc_n5, and where the wrong written chains go off, e.g. test_departure_tok0, as they occur),
     best epoch."""
     param_names = sorted({k for r in records for k in r.params})
+    ignore = key_ignores(records)
     logged = {k for r in records for k in r.metrics}
     sized = sized_metric_names(logged) + final_departure_metric_names(logged)
     rows: list[dict[str, Any]] = []
@@ -751,7 +760,7 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
             "run_id": r.run_id,
             "status": r.status,
             "stopped_by": r.stopped_by,
-            "config_key": config_key(r.params),
+            "config_key": config_key(r.params, ignore),
             **{k: m.get(k) for k in FINAL_METRICS + EPOCH_METRICS + sized},
             # the history wins over the logged summary; the summary covers a trial without history
             "best_val_acc": best_val if best_val is not None else m.get("best_val_acc"),
@@ -775,13 +784,14 @@ def trials_frame(records: list[TrialRecord]) -> pl.DataFrame:
 def decomposition_frame(records: list[TrialRecord]) -> pl.DataFrame:
     """The per-T rows of every trial that has them, joined with the trial's identity."""
     rows = []
+    ignore = key_ignores(records)
     for r in records:
         rows_in = r.decomposition if isinstance(r.decomposition, list) else []  # anything else: malformed
         for d in (d for d in rows_in if isinstance(d, dict)):
             row = {
                 "trial_id": str(r.trial_id),
                 "run_id": r.run_id,
-                "config_key": config_key(r.params),
+                "config_key": config_key(r.params, ignore),
                 **{k: r.params.get(k) for k in ("task", "method", "model", "seed", "bits", "lam")},
                 **{k: d.get(k) for k in DECOMP_KEYS},
             }

@@ -181,6 +181,10 @@ def test_settings_no_other_param_names_are_different_configurations():
     cell = t.display.filter(pl.col("Method") == "SFT-CoT")["Dijkstra"][0]
     assert cell == f"{np.mean([0.88, 0.86]) * 100:.1f} ± {np.std([0.88, 0.86], ddof=1) * 100:.1f} (n=2)"
     assert t.note == ""
+    old = TrialRecord("g0", {k: v for k, v in rows[2].params.items() if k != "config_digest"}, rows[2].metrics,
+                      rows[2].val_history, "FINISHED")  # fmt: skip
+    mixed = trials_frame([old, rows[3]])  # logged before the digest existed: still meets the later trial
+    assert mixed["config_key"].n_unique() == 1
     rows[3] = trial("g1", "gpt2", 1, 0.9, 0.86, floor=0.7)  # one seed scored on other examples
     t = table1(trials_frame(rows))
     assert t.display.filter(pl.col("Method") == "Best trivial rule")["Dijkstra"][0] == "60"

@@ -172,6 +172,32 @@ def test_a_checkpoint_is_loaded_under_the_rules_it_trained_under(tmp_path):
     assert back.history == run.history and back.cfg.method.params["quantize"] == "lora"
 
 
+def test_a_gpt2_checkpoint_saved_without_quantized_conv1d_layers_is_named(tmp_path):
+    """Before stabray quantized GPT-2's Conv1D layers a family gpt2 QAT run trained at full precision and
+    saved plain weights; read under its config (bits 2) it is refused, saying so and how to read it;
+    with the override bits 32 it loads, its weights intact."""
+    import json
+
+    import torch
+
+    from stabray.train import load_run, make_run
+    from stabray.train.runner import CONFIG
+
+    gpt2 = {"preset": "tiny", "family": "gpt2", "max_positions": 256}
+    run = make_run(config(model=gpt2, method={"name": "alg1", "params": {"bits": 32, "lam": 1.0}}))
+    run.save(tmp_path / "ck")
+    old = json.loads((tmp_path / "ck" / CONFIG).read_text())
+    old["method"]["params"]["bits"] = 2
+    (tmp_path / "ck" / CONFIG).write_text(json.dumps(old))
+    with pytest.raises(
+        UserError, match="checkpoint holds plain weights where the model built from the run.s config is fake"
+    ):
+        load_run(tmp_path / "ck")
+    back = load_run(tmp_path / "ck", {"method": {"params": {"bits": 32}}})
+    ref = run.model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in back.model.state_dict().items())
+
+
 def test_run_configs_leaves_a_local_model_path_to_the_cluster_through_ray_client():
     """Through Ray Client the trials run elsewhere: a local model directory missing here is not refused
     (as the sweep command does); on this machine it is."""

@@ -3,8 +3,10 @@
 Each line has `question`, `steps` (list of strings), `final`, `answer` (the full answer text with
 every step, exactly as SFT-CoT trains on it), `question_nohint` and `meta` (the generator's inputs,
 e.g. the adjacency matrix and source). Without `--size` the split is the one training and
-evaluation use for that seed (train excludes every question of the default evaluation splits);
-with `--size` it is drawn at that size (train then excludes that size's val and test questions).
+evaluation use for that seed at the paper's split sizes (train excludes every question of the
+evaluation splits; an evaluation split redraws the questions of the ones before it, so a test split
+is a spec's when its validation split has the paper's 200 examples); with `--size` it is drawn at
+that size (test then excludes that size's val questions, train its val and test questions).
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ def examples(task, split: str, n: int, seed: int, size: int | None):
         # train: exactly the training split a sweep uses (it excludes every evaluation split)
         return make_splits(task, {split: n}, seed, splits=(split,) if split != "train" else None)[split]
     exclude: set[str] = set()
-    if split == "train":
-        for s in ("val", "test"):
-            exclude.update(e.question for e in draw(task, s, DEFAULT_SIZES[s], seed, size))
+    for s in {"train": ("val", "test"), "test": ("val",)}.get(split, ()):
+        exclude.update(e.question for e in draw(task, s, DEFAULT_SIZES[s], seed, size, exclude=set(exclude)))
     return draw(task, split, n, seed, size, exclude=exclude)
 
 

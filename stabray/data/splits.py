@@ -1,7 +1,10 @@
 """Train / validation / test splits and length-generalization splits, with no duplicate questions.
 
 Each split draws from its own RandomState seeded by (seed, split, sizes), so adding a split or
-changing one split's size leaves the others unchanged. A split drawn at a mix of sizes (a task's
+changing a split's size leaves the splits drawn before it (below) unchanged; a later evaluation split
+can change where it met a question of the changed one (a test split depends on the validation
+split's size: `stabray data --split test` draws the validation split at the size it is given).
+A split drawn at a mix of sizes (a task's
 `train_sizes`) draws each example's size uniformly from the mix with that same RandomState (the
 training split with the task's weights when it has them: `train_size_weights`, or the
 `train_size_schedule` entry for epoch 0; a resampled training split takes each epoch's entry).

@@ -508,6 +508,8 @@ def weight_noise_stability(
         if parametrize.is_parametrized(m)
         for name in m.parametrizations
     ]
+    if weights and parametrize._cache_enabled:  # cached weights would not see the noise
+        raise RuntimeError("weight_noise_stability: called inside torch's parametrize.cached()")
     saved = [p.detach().clone() for p in params]
     base = float(eval_fn(model))
     incs = []
@@ -516,11 +518,11 @@ def weight_noise_stability(
             g = torch.Generator().manual_seed(s)
             for p in params:
                 p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * sigma)
-            for m, name, shape in weights:
-                ref = getattr(m.parametrizations, name).original
-                delta = torch.randn(shape, generator=g).to(ref.device, ref.dtype) * sigma
-                parametrize.register_parametrization(m, name, _AddDelta(delta))
             try:
+                for m, name, shape in weights:
+                    ref = getattr(m.parametrizations, name).original
+                    delta = torch.randn(shape, generator=g).to(ref.device, ref.dtype) * sigma
+                    parametrize.register_parametrization(m, name, _AddDelta(delta))
                 incs.append(float(eval_fn(model)) - base)
             finally:
                 for m, name, _ in weights:

@@ -87,8 +87,9 @@ def read_splits(c: TrialConfig) -> dict[str, list]:
 
 
 def validation_split(c: TrialConfig) -> list:
-    """The trial's validation split alone, drawn as `read_splits` draws it (each split has its own
-    seed, so it is the same list) and not cached: for a driver whose trials run on other machines."""
+    """The trial's validation split alone, drawn as `read_splits` draws it (its own seed, and the
+    first evaluation split drawn, so it is the same list) and not cached: for a driver whose trials
+    run on other machines."""
     from stabray.data.splits import make_splits
 
     r = _request(c)

@@ -292,7 +292,17 @@ def load_run(path: str | Path, overrides: dict | None = None) -> Runner:
 def state_misfit(path: str | Path, e: Exception, model: str) -> UserError:
     """The error for saved weights that do not fit `model` (torch's "Error(s) in loading state_dict for
     X:", then one indented line per problem): the first problem, and how many more."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = str(e)
+    if "Missing key" in text and ".parametrizations.weight.original" in text and "Unexpected key" in text:
+        plain = text.split("Unexpected key", 1)[1]
+        if ".parametrizations." not in plain:  # the saved weights are plain where the model quantizes them
+            return UserError(
+                f"{path}: the checkpoint holds plain weights where {model} is fake-quantized (QAT bits < 32): "
+                "a model.family gpt2 run saved before stabray quantized GPT-2's Conv1D layers trained at full "
+                "precision under its bits label; read it as what it is with bits 32 (load_run's overrides: "
+                "{'method': {'params': {'bits': 32}}})"
+            )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
     more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
     return UserError(f"{path}: the saved state does not fit {model}: {first[:200]}{more}")
