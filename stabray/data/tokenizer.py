@@ -25,6 +25,11 @@ def pre_tokens(text: str) -> list[str]:
     return TOKEN_RE.findall(text)
 
 
+def reads_every_number(vocab: dict[str, int]) -> bool:
+    """Whether a built vocabulary is numbers="digits"'s: every number is digit pieces, all in it."""
+    return DIGIT_PIECES[-1] in vocab
+
+
 def unknown_tokens(tokenizer, texts: Iterable[str]) -> Counter[str]:
     """Each piece of `texts` that `tokenizer` (one `build_tokenizer` made) reads as its unknown token,
     with how often: the built vocabulary holds only what its texts held (and 0..127 with numbers
@@ -37,7 +42,7 @@ def unknown_tokens(tokenizer, texts: Iterable[str]) -> Counter[str]:
     if unk is None:
         return found
     vocab = tokenizer.get_vocab()
-    digits = DIGIT_PIECES[-1] in vocab  # numbers="digits": every number is digit pieces, all in the vocabulary
+    digits = reads_every_number(vocab)
     specials = [t for t in tokenizer.all_special_tokens if t]  # <bos>, Coconut's <latent>, ...: whole tokens
     for text in texts:
         for sp in specials:

@@ -134,15 +134,14 @@ def vocabulary_problem(tokenizer, examples: list, where: str, method, saved: boo
     reads them all. The embedded tokenizer's vocabulary is what the cached splits hold (and the
     integers 0..127 with model.numbers "word"): a number first seen in a fresh training split is
     unknown to it. `saved`: a checkpoint's tokenizer, whose vocabulary no setting can change."""
-    from stabray.data.tokenizer import unknown_tokens
+    from stabray.data.tokenizer import reads_every_number, unknown_tokens
 
     found = unknown_tokens(tokenizer, method_texts(method, examples))
     if not found:
         return None
     shown = ", ".join(f"{tok!r} ({n}x)" for tok, n in found.most_common(5))
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-    words_for_numbers = "##0" not in tokenizer.get_vocab()  # digits mode: every number is digit pieces
-    numbers = words_for_numbers and any(tok[:1].isdigit() for tok in found)
+    numbers = not reads_every_number(tokenizer.get_vocab()) and any(tok[:1].isdigit() for tok in found)
     if saved:
         built = "the checkpoint's tokenizer (built from its training run's splits)"
         fix = "score it on text like its training run's; " + (
